@@ -1,0 +1,42 @@
+# Two commands for newcomers (see README):  make run   |   make test
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTHON := $(BIN)/python
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+PYTEST_ARGS ?=
+
+.PHONY: setup run test test-slow test-all lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PYTHON) || $(PY) -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
+	$(PYTHON) -m pip install -q -e ".[dev]"
+	rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+# Python packages, the Delta jars (once from Maven Central, then offline) and the tiny offline models.
+setup: $(STAMP)
+	$(PYTHON) -m jobs.jars
+	$(PYTHON) -m jobs.tiny_models --out models
+
+# The main job on the bundled sample lake, embedded Spark, offline model profile.
+run: setup
+	$(PYTHON) -m jobs.pipeline $(ARGS)
+
+# Default test set (about 15 minutes on 2 cores); slow and cluster tests run in CI too.
+test: setup
+	$(PYTHON) -m pytest -m "not slow and not cluster and not gpu" $(PYTEST_ARGS)
+
+test-slow: setup
+	$(PYTHON) -m pytest -m "(slow or cluster) and not gpu" $(PYTEST_ARGS)
+
+test-all: test test-slow
+
+lint: setup
+	$(BIN)/ruff check jobs udfs schemas tests bench
+
+bench: setup
+	$(PYTHON) bench/run.py $(ARGS)
+
+clean:
+	rm -rf lake mlruns.db mlartifacts spark-warehouse metastore_db derby.log

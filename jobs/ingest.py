@@ -1,0 +1,318 @@
+"""Model-output lake (JSONL, Parquet or Delta) -> `chains` (Delta), bad rows -> `quarantine`.
+
+Every input row is turned into JSON text first, so one validator (plain Python, run in a pandas UDF)
+sees every format the same way and can always keep the raw row for the quarantine table.
+Counts reconcile: read = inserted + already present + quarantined.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from jobs import tables
+from jobs.config import IngestSettings, Settings, resolve_path
+from jobs.session import build_session
+from jobs.tracking import job_run
+from schemas import chains as C
+from schemas import quarantine as Q
+
+RAW = "raw"
+REPLACEMENT_CHAR = "\ufffd"  # what Spark's UTF-8 decoding leaves for undecodable bytes
+
+_VALIDATED = StructType(
+    [
+        StructField("record", StringType(), True),  # normalised chain as JSON (chains schema fields)
+        StructField("error", StringType(), True),  # reason kind, e.g. missing_context
+        StructField("detail", StringType(), True),
+        StructField("chain_id", StringType(), True),
+    ]
+)
+
+
+class RowError(ValueError):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def _lookup(row: Mapping[str, Any], source: str | None) -> Any:
+    """Field by name or dotted path (`meta.question`)."""
+    if source is None:
+        return None
+    value: Any = row
+    for part in source.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _text(field: str, value: Any, limit: int, required: bool = False) -> str | None:
+    if value is None:
+        if required:
+            raise RowError(f"missing_{field}", f"field {field!r} is missing or null")
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise RowError("wrong_type", f"field {field!r} must be text, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RowError("wrong_type", f"field {field!r} is {value}")
+    text = str(value)
+    if REPLACEMENT_CHAR in text:
+        raise RowError("undecodable_text", f"field {field!r} holds bytes that are not valid UTF-8")
+    if len(text) > limit:
+        raise RowError("oversized", f"field {field!r} has {len(text)} characters (limit {limit})")
+    if required and not text.strip():
+        raise RowError(f"empty_{field}", f"field {field!r} is empty")
+    return text
+
+
+def _text_list(field: str, value: Any, limit: int, max_items: int) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise RowError("wrong_type", f"field {field!r} must be a list of strings, got {type(value).__name__}")
+    if len(value) > max_items:
+        raise RowError("too_many_steps", f"field {field!r} has {len(value)} items (limit {max_items})")
+    items = [_text(f"{field}[{i}]", v, limit, required=False) for i, v in enumerate(value)]
+    if any(item is None or not item.strip() for item in items):
+        raise RowError("empty_step", f"field {field!r} holds an empty or whitespace-only step")
+    return [item for item in items if item is not None]
+
+
+def _labels(value: Any) -> dict[str, float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise RowError("wrong_type", f"field 'labels' must be an object, got {type(value).__name__}")
+    out = {}
+    for key, v in value.items():
+        if isinstance(v, bool):
+            v = float(v)
+        if not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+            raise RowError("invalid_label", f"label {key!r} must be a finite number, got {v!r}")
+        out[str(key)] = float(v)
+    return out
+
+
+def _metadata(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise RowError("wrong_type", f"field 'metadata' must be an object, got {type(value).__name__}")
+    return {str(k): v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for k, v in value.items()}
+
+
+def content_hash(record: Mapping[str, Any]) -> str:
+    """sha256 over what defines a chain; the id of chains that come without one."""
+    keyed = {k: record.get(k) for k in (C.CONTEXT, C.QUESTION, C.STEPS, C.CHAIN_TEXT, C.ANSWER)}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def validate(raw: str | None, cfg: IngestSettings) -> dict[str, Any]:
+    """One raw row -> a chains record, or a RowError. Pure Python: the contract of ingest."""
+    if raw is None or not raw.strip():
+        raise RowError("empty_row", "the input row is empty")
+    try:
+        row = json.loads(raw)
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise RowError("not_json", f"row is not valid JSON: {err}") from None
+    if not isinstance(row, dict):
+        raise RowError("not_object", f"row is JSON {type(row).__name__}, not an object")
+    m, limit = cfg.mapping, cfg.max_field_chars
+    record: dict[str, Any] = {
+        C.DATASET: _text("dataset", _lookup(row, m.get("dataset")), limit) or cfg.dataset,
+        C.QUESTION_ID: _text("question_id", _lookup(row, m.get("question_id")), limit),
+        C.CONTEXT: _text("context", _lookup(row, m.get("context")), limit, required=True),
+        C.QUESTION: _text("question", _lookup(row, m.get("question")), limit),
+        C.STEPS: _text_list("steps", _lookup(row, m.get("steps")), limit, cfg.max_steps),
+        C.CHAIN_TEXT: _text("chain_text", _lookup(row, m.get("chain_text")), limit),
+        C.ANSWER: _text("answer", _lookup(row, m.get("answer")), limit),
+        C.GOLD_ANSWER: _text("gold_answer", _lookup(row, m.get("gold_answer")), limit),
+        C.GOLD_STEPS: _text_list("gold_steps", _lookup(row, m.get("gold_steps")), limit, cfg.max_steps),
+        C.LABELS: _labels(_lookup(row, m.get("labels"))),
+        C.METADATA: _metadata(_lookup(row, m.get("metadata"))),
+    }
+    if record[C.STEPS] is None and record[C.CHAIN_TEXT] is None:
+        raise RowError("missing_chain", "neither steps nor chain text is present")
+    if record[C.STEPS] is not None and not record[C.STEPS]:
+        raise RowError("empty_chain", "steps is an empty list")
+    if record[C.STEPS] is None and not (record[C.CHAIN_TEXT] or "").strip():
+        raise RowError("empty_chain", "chain text is empty")
+    total = sum(len(s) for s in record[C.STEPS] or []) + len(record[C.CHAIN_TEXT] or "")
+    if total > limit:
+        raise RowError("oversized", f"the chain has {total} characters (limit {limit})")
+    record[C.CONTENT_HASH] = content_hash(record)
+    given = _lookup(row, m.get("chain_id"))
+    if given is not None and (isinstance(given, bool) or not isinstance(given, (str, int))):
+        raise RowError("wrong_type", f"field 'chain_id' must be text, got {type(given).__name__}")
+    chain_id = str(given).strip() if given is not None else ""
+    record[C.CHAIN_ID] = chain_id or record[C.CONTENT_HASH]
+    return record
+
+
+def validate_series(raw: pd.Series, cfg: IngestSettings) -> pd.DataFrame:
+    rows = []
+    for text in raw:
+        try:
+            rec = validate(text, cfg)
+            rows.append((json.dumps(rec, ensure_ascii=False), None, None, rec[C.CHAIN_ID]))
+        except RowError as err:
+            rows.append((None, err.reason, err.detail, None))
+        except Exception as err:  # a validator bug must quarantine the row, not fail the night
+            rows.append((None, "validator_error", f"{type(err).__name__}: {err}", None))
+    return pd.DataFrame(rows, columns=["record", "error", "detail", "chain_id"])
+
+
+def input_files(pattern: str) -> list[str]:
+    base = resolve_path(pattern)
+    if base.is_dir():
+        if (base / "_delta_log").is_dir():
+            return [str(base)]
+        return sorted(str(p) for p in base.rglob("*") if p.suffix in {".jsonl", ".json", ".parquet"})
+    return sorted(glob.glob(str(base)))
+
+
+def read_raw(spark: SparkSession, cfg: IngestSettings) -> DataFrame:
+    """Input -> (raw JSON text, source). Unreadable files become a quarantine row, not a crash."""
+    parts: list[DataFrame] = []
+    empty = spark.createDataFrame([], "raw string, source string")
+    for path in input_files(cfg.input):
+        fmt = cfg.format
+        if fmt == "auto":
+            fmt = "delta" if Path(path, "_delta_log").is_dir() else ("parquet" if path.endswith(".parquet") else "jsonl")
+        try:
+            if fmt == "jsonl":
+                df = spark.read.text(path).select(F.col("value").alias(RAW))
+            else:
+                df = spark.read.format("delta" if fmt == "delta" else "parquet").load(path)
+                df = df.select(F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias(RAW))
+            df = df.where(F.trim(F.col(RAW)) != "") if fmt == "jsonl" else df
+            df.schema  # noqa: B018 - forces the footer read so a corrupt file fails here
+            parts.append(df.withColumn("source", F.lit(path)))
+        except Exception as err:  # a truncated Parquet file, an unreadable folder
+            msg = json.dumps({"unreadable_file": path, "error": str(err)[:500]})
+            parts.append(spark.createDataFrame([(msg, path)], "raw string, source string"))
+    out = empty
+    for part in parts:
+        out = out.unionByName(part)
+    return out
+
+
+def transform(raw: DataFrame, cfg: IngestSettings) -> tuple[DataFrame, DataFrame]:
+    """(raw, source) rows -> (valid chains, rejected rows with reason). Pure: no reads or writes."""
+
+    def _validate(batch: pd.Series) -> pd.DataFrame:
+        return validate_series(batch, cfg)
+
+    checked = raw.withColumn("v", F.pandas_udf(_validate, _VALIDATED)(F.col(RAW)))
+    good = checked.where(F.col("v.error").isNull())
+    bad = checked.where(F.col("v.error").isNotNull())
+    record_schema = StructType([f for f in C.SCHEMA.fields if f.name not in (C.SOURCE, C.INGESTED_AT)])
+    parsed = good.select(
+        F.from_json("v.record", record_schema).alias("r"), F.col(RAW), F.col("source")
+    ).select("r.*", RAW, "source")
+    # Duplicate ids in one input: the first by content hash wins, the rest are quarantined.
+    w = Window.partitionBy(C.CHAIN_ID).orderBy(C.CONTENT_HASH, "source", RAW)
+    ranked = parsed.withColumn("_rank", F.row_number().over(w)).withColumn(
+        "_distinct", F.size(F.collect_set(C.CONTENT_HASH).over(Window.partitionBy(C.CHAIN_ID)))
+    )
+    chains = ranked.where(F.col("_rank") == 1).select(
+        *[c for c in record_schema.fieldNames()],
+        F.col("source").alias(C.SOURCE),
+        F.current_timestamp().alias(C.INGESTED_AT),
+    )
+    dups = ranked.where(F.col("_rank") > 1)
+    dup_rows = tables.quarantine_rows(
+        dups,
+        "ingest",
+        F.when(F.col("_distinct") > 1, "duplicate_chain_id_conflict").otherwise("duplicate_row"),
+        F.concat(F.lit("chain_id "), F.col(C.CHAIN_ID), F.lit(" appears more than once in the input")),
+        chain_id=F.col(C.CHAIN_ID),
+        raw=F.col(RAW),
+        source=F.col("source"),
+    )
+    bad_rows = tables.quarantine_rows(
+        bad, "ingest", F.col("v.error"), F.col("v.detail"), raw=F.col(RAW), source=F.col("source")
+    )
+    return tables.conform(chains, C.SCHEMA), bad_rows.unionByName(dup_rows)
+
+
+def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> dict[str, int]:
+    """Ingest into the lake; returns the reconciled counts."""
+    raw = read_raw(spark, settings.ingest).cache()
+    n_read = raw.count()
+    chains, rejected = transform(raw, settings.ingest)
+    chains = chains.cache()
+    path = settings.table("chains")
+    existing = tables.read(spark, path, C.SCHEMA).select(C.CHAIN_ID, F.col(C.CONTENT_HASH).alias("_old"))
+    # Same id already in the table with other content: never overwrite a scored chain silently.
+    joined = chains.join(existing, C.CHAIN_ID, "left")
+    conflicts = joined.where(F.col("_old").isNotNull() & (F.col("_old") != F.col(C.CONTENT_HASH)))
+    present = joined.where(F.col("_old").isNotNull() & (F.col("_old") == F.col(C.CONTENT_HASH)))
+    fresh = joined.where(F.col("_old").isNull()).drop("_old")
+    conflict_rows = tables.quarantine_rows(
+        conflicts.drop("_old"),
+        "ingest",
+        "chain_id_conflict",
+        F.concat(F.lit("chain_id "), F.col(C.CHAIN_ID), F.lit(" is already in `chains` with other content")),
+        chain_id=F.col(C.CHAIN_ID),
+        source=F.col(C.SOURCE),
+        run_id=run_id,
+    )
+    rejected = rejected.withColumn(Q.RUN_ID, F.lit(run_id).cast("string")).unionByName(conflict_rows).cache()
+    counts = {
+        "read": n_read,
+        "valid": chains.count(),
+        "already_present": present.count(),
+        "quarantined": rejected.count(),
+    }
+    counts["inserted"] = tables.insert_new(spark, fresh, path, C.SCHEMA, [C.CHAIN_ID])
+    tables.append_quarantine(spark, settings, rejected)
+    counts["reconciled"] = int(counts["read"] == counts["inserted"] + counts["already_present"] + counts["quarantined"])
+    raw.unpersist()
+    return counts
+
+
+def reasons(spark: SparkSession, settings: Settings, run_id: str | None = None) -> dict[str, int]:
+    q = tables.read(spark, settings.table("quarantine"), Q.SCHEMA).where(F.col(Q.STAGE) == "ingest")
+    if run_id:
+        q = q.where(F.col(Q.RUN_ID) == run_id)
+    return {r[Q.REASON]: r["count"] for r in q.groupBy(Q.REASON).count().collect()}
+
+
+def main(argv: list[str] | None = None) -> dict[str, int]:
+    settings, _ = tables.job_args(__doc__ or "ingest", argv)
+    spark = build_session(settings.spark)
+    with job_run(settings, "ingest") as tracked:
+        before = tables.version(spark, settings.table("chains"))
+        counts = run(spark, settings, tracked.local_id)
+        after = tables.version(spark, settings.table("chains"))
+        tracked.log_metrics({f"rows_{k}": v for k, v in counts.items()})
+        tracked.log_metrics({f"quarantined_{k}": v for k, v in reasons(spark, settings, tracked.local_id).items()})
+        tracked.set_tags(
+            {"input": settings.ingest.input, "chains_version_before": before, "chains_version_after": after}
+        )
+        print(
+            f"[ingest] read={counts['read']} inserted={counts['inserted']} "
+            f"already_present={counts['already_present']} quarantined={counts['quarantined']} "
+            f"-> {settings.table('chains')} (version {after})"
+        )
+        if not counts["reconciled"]:
+            raise RuntimeError(f"ingest counts do not reconcile: {counts}")
+    return counts
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""One SparkSession builder for jobs, tests and spark-submit, with Delta Lake from a local jar cache."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from jobs.config import SparkSettings, resolve_path
+
+# Maven Central serves delta-spark_4.2_2.13 only at 4.4.0 (4.4.1: 404, checked 2026-11-30), so the
+# pip package is pinned to the same 4.4.0.
+DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+
+
+class JarsMissing(RuntimeError):
+    pass
+
+
+def delta_jars(jars_dir: str | os.PathLike[str]) -> list[Path]:
+    folder = resolve_path(jars_dir)
+    jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
+    if not any("delta-spark_" in j.name for j in jars):
+        raise JarsMissing(
+            f"Delta jars not found in {folder}. Run `python -m jobs.jars` once (needs Maven Central); "
+            "later runs work offline from that folder."
+        )
+    return jars
+
+
+def build_session(spark: SparkSettings, extra: dict[str, str] | None = None) -> SparkSession:
+    """Session for `spark.master` with Delta configured; reuses a session spark-submit already made."""
+    # Executors must run the same interpreter as the driver, or pandas UDFs import another torch.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    jars = ",".join(str(j) for j in delta_jars(spark.jars_dir))
+    builder = (
+        SparkSession.builder.appName(spark.app_name)
+        .config("spark.sql.extensions", DELTA_EXTENSION)
+        .config("spark.sql.catalog.spark_catalog", DELTA_CATALOG)
+        .config("spark.sql.shuffle.partitions", str(spark.shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.ui.enabled", str(spark.ui).lower())
+        .config("spark.ui.showConsoleProgress", str(spark.ui).lower())
+        .config("spark.databricks.delta.schema.autoMerge.enabled", "false")
+        .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
+    )
+    # Under spark-submit the JVM already runs with its --master and --jars (PYSPARK_GATEWAY_PORT is
+    # set); a plain `python -m jobs.x` starts the JVM here and must name both.
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        builder = builder.master(spark.master).config("spark.jars", jars)
+    for key, value in {**spark.conf, **(extra or {})}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(spark.log_level)
+    return session
+

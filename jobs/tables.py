@@ -1,0 +1,137 @@
+"""Delta table access shared by the jobs: create, idempotent upsert, versions, quarantine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from jobs.config import Settings, load_settings
+from schemas import quarantine as Q
+
+
+def job_args(description: str, argv: Sequence[str] | None = None) -> tuple[Settings, argparse.Namespace]:
+    """Every job's command line: --config FILE and any number of --set section.key=value."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", help="YAML file layered over conf/defaults.yaml and the profiles")
+    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    return load_settings(args.config, args.overrides), args
+
+
+def exists(spark: SparkSession, path: str) -> bool:
+    return DeltaTable.isDeltaTable(spark, path)
+
+
+def version(spark: SparkSession, path: str) -> int | None:
+    """Latest Delta version of a table, or None when it does not exist yet."""
+    if not exists(spark, path):
+        return None
+    return int(DeltaTable.forPath(spark, path).history(1).select("version").first()[0])
+
+
+def ensure(spark: SparkSession, path: str, schema: StructType, partition_by: Sequence[str] = ()) -> DeltaTable:
+    """Create an empty table with the contract schema when missing."""
+    if not exists(spark, path):
+        writer = spark.createDataFrame([], schema).write.format("delta").mode("ignore")
+        if partition_by:
+            writer = writer.partitionBy(*partition_by)
+        writer.save(path)
+    return DeltaTable.forPath(spark, path)
+
+
+def read(spark: SparkSession, path: str, schema: StructType | None = None) -> DataFrame:
+    if schema is not None and not exists(spark, path):
+        return spark.createDataFrame([], schema)
+    return spark.read.format("delta").load(path)
+
+
+def conform(df: DataFrame, schema: StructType) -> DataFrame:
+    """Select the contract's columns in order with its types, so writes never drift from the schema."""
+    return df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
+
+
+def insert_new(
+    spark: SparkSession, df: DataFrame, path: str, schema: StructType, keys: Sequence[str]
+) -> int:
+    """Insert rows whose keys are not in the table yet (Delta MERGE): re-running adds nothing.
+
+    Returns the number of rows inserted (from the commit's operation metrics).
+    """
+    table = ensure(spark, path, schema)
+    condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    merge = table.alias("t").merge(conform(df, schema).alias("s"), condition).whenNotMatchedInsertAll()
+    return _inserted(table, merge)
+
+
+def _inserted(table: DeltaTable, merge) -> int:
+    """Run a MERGE and count its inserts; a MERGE that changes nothing may commit no version at all."""
+    before = table.history(1).select("version").first()[0]
+    merge.execute()
+    last = table.history(1).select("version", "operation", "operationMetrics").first()
+    if last["version"] == before or last["operation"] != "MERGE":
+        return 0
+    return int(last["operationMetrics"].get("numTargetRowsInserted", 0))
+
+
+def upsert(spark: SparkSession, df: DataFrame, path: str, schema: StructType, keys: Sequence[str]) -> None:
+    """Insert new keys and replace rows of existing keys (used where a rerun recomputes a row)."""
+    table = ensure(spark, path, schema)
+    condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    (
+        table.alias("t")
+        .merge(conform(df, schema).alias("s"), condition)
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+
+
+def quarantine_rows(
+    df: DataFrame,
+    stage: str,
+    reason: Column | str,
+    detail: Column | str | None = None,
+    chain_id: Column | str | None = None,
+    raw: Column | None = None,
+    source: Column | str | None = None,
+    run_id: str | None = None,
+) -> DataFrame:
+    """Shape failed rows as `quarantine` rows; `raw` defaults to the whole row as JSON."""
+
+    def as_col(value: Column | str | None) -> Column:
+        if value is None:
+            return F.lit(None).cast("string")
+        return value if isinstance(value, Column) else F.lit(value)
+
+    raw_col = raw if raw is not None else F.to_json(F.struct(*[F.col(c) for c in df.columns]))
+    return df.select(
+        F.lit(stage).alias(Q.STAGE),
+        as_col(reason).alias(Q.REASON),
+        as_col(detail).alias(Q.DETAIL),
+        as_col(chain_id).alias(Q.CHAIN_ID),
+        raw_col.alias(Q.RAW),
+        as_col(source).alias(Q.SOURCE),
+        F.lit(run_id).cast("string").alias(Q.RUN_ID),
+        F.current_timestamp().alias(Q.QUARANTINED_AT),
+    )
+
+
+def append_quarantine(spark: SparkSession, settings: Settings, rows: DataFrame) -> int:
+    """Append to `quarantine`; keyed on (stage, chain_id, raw) so a rerun does not repeat a row."""
+    path = settings.table("quarantine")
+    rows = rows.dropDuplicates([Q.STAGE, Q.REASON, Q.CHAIN_ID, Q.RAW])
+    table = ensure(spark, path, Q.SCHEMA)
+    cond = (
+        "t.stage = s.stage AND t.reason = s.reason AND t.chain_id <=> s.chain_id AND t.raw <=> s.raw"
+    )
+    return _inserted(table, table.alias("t").merge(conform(rows, Q.SCHEMA).alias("s"), cond).whenNotMatchedInsertAll())
+
+
+def to_json_text(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)

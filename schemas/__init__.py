@@ -1,0 +1,1 @@
+"""Data contracts: one module per Delta table, each with its StructType and column names."""

@@ -1,0 +1,1 @@
+"""Model-backed and text-processing functions for pandas UDFs; testable without Spark."""

@@ -1,0 +1,136 @@
+"""Model loading shared by the model-backed UDFs: device, dtype, safe loading and the per-worker cache.
+
+No Spark reads or writes here; `task_device` only asks Spark's TaskContext which GPU the task got.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+_CACHE: dict[tuple[Any, ...], Any] = {}
+_LOCK = threading.Lock()
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ModelUnavailable(RuntimeError):
+    """A configured model is neither a local folder nor in the local Hugging Face cache."""
+
+
+def resolve_model_path(path: str) -> str:
+    """`pip:<module>` -> the weights a pip package ships; a relative folder -> absolute; else an HF id."""
+    if path.startswith("pip:"):
+        module = importlib.import_module(path[4:])
+        return str(module.get_model_path())
+    p = Path(path).expanduser()
+    if not p.is_absolute() and (PROJECT_ROOT / p).exists():
+        return str(PROJECT_ROOT / p)
+    return str(p) if p.exists() else path
+
+
+def check_available(path: str, role: str) -> str:
+    """Resolve a model on the driver before any table is touched; a clear error names how to provide it."""
+    resolved = resolve_model_path(path)
+    if Path(resolved).is_dir():
+        if not (Path(resolved) / "config.json").exists() and not any(Path(resolved).glob("meta.json")):
+            raise ModelUnavailable(f"model for {role!r} at {resolved} has no config.json")
+        return resolved
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(resolved, "config.json")
+    except Exception:  # not a valid repo id either
+        cached = None
+    if isinstance(cached, str):
+        return resolved
+    raise ModelUnavailable(
+        f"model {path!r} for {role!r} is not available on this machine: it is neither a local folder nor in "
+        f"the Hugging Face cache ({os.environ.get('HF_HOME', '~/.cache/huggingface')}), and this machine cannot "
+        f"download it. Provide it with --set models.{role}.path=/path/to/model (a folder saved with "
+        "save_pretrained), pre-fill the HF cache on a machine with a network, or use --set models.profile=offline."
+    )
+
+
+def task_device(preference: str = "auto") -> str:
+    """The GPU Spark assigned to this task, else (local mode) the first visible GPU, else CPU."""
+    import torch
+
+    if preference == "cpu" or not torch.cuda.is_available():
+        if preference == "cuda":
+            raise RuntimeError("runtime.device=cuda but no CUDA device is visible to this worker")
+        return "cpu"
+    try:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        gpus = ctx.resources().get("gpu") if ctx is not None else None
+        if gpus is not None and gpus.addresses:
+            return f"cuda:{gpus.addresses[0]}"
+    except Exception:  # outside a Spark task
+        pass
+    return "cuda:0"
+
+
+def torch_dtype(preference: str, device: str):
+    import torch
+
+    if preference == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[preference]
+
+
+def set_threads(threads: int | None) -> None:
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def quiet() -> None:
+    """Progress bars of transformers/tokenizers off inside executors."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def load_model(
+    path: str,
+    family: str,
+    device: str = "cpu",
+    dtype: str = "auto",
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> tuple[Any, Any]:
+    """(model, tokenizer), loaded once per Python worker and kept; safetensors only."""
+    key = (path, family, device, dtype, revision)
+    with _LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+        quiet()
+        import transformers as tf
+
+        resolved = resolve_model_path(path)
+        auto = {
+            "causal": tf.AutoModelForCausalLM,
+            "seq2seq": tf.AutoModelForSeq2SeqLM,
+            "nli": tf.AutoModelForSequenceClassification,
+            "srl": tf.AutoModelForTokenClassification,
+            "embedding": tf.AutoModel,
+        }[family]
+        kwargs: dict[str, Any] = {"use_safetensors": True, "trust_remote_code": trust_remote_code}
+        if revision:
+            kwargs["revision"] = revision
+        model = auto.from_pretrained(resolved, dtype=torch_dtype(dtype, device), **kwargs)
+        model.to(device).eval()
+        tokenizer = tf.AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
+        _CACHE[key] = (model, tokenizer)
+        return model, tokenizer
+
+
+def clear_cache() -> None:
+    with _LOCK:
+        _CACHE.clear()
