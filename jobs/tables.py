@@ -135,3 +135,30 @@ def append_quarantine(spark: SparkSession, settings: Settings, rows: DataFrame) 
 
 def to_json_text(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def merge_columns(
+    spark: SparkSession,
+    df: DataFrame,
+    path: str,
+    schema: StructType,
+    keys: Sequence[str],
+    columns: Sequence[str],
+) -> None:
+    """Upsert only `columns` for rows keyed by `keys`, leaving the table's other columns as they are.
+
+    Lets stages that score the same rows (NLI columns, PVI columns of `step_scores`) write independently
+    and idempotently: a rerun rewrites the same values.
+    """
+    table = ensure(spark, path, schema)
+    source = df.select(*keys, *columns)
+    condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    assignments = {f"`{c}`": f"s.`{c}`" for c in columns}
+    inserts = {f"`{c}`": f"s.`{c}`" for c in [*keys, *columns]}
+    (
+        table.alias("t")
+        .merge(source.alias("s"), condition)
+        .whenMatchedUpdate(set=assignments)
+        .whenNotMatchedInsert(values=inserts)
+        .execute()
+    )

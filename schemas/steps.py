@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
 
 CHAIN_ID = "chain_id"
+CONFIG_HASH = "config_hash"  # Settings.scoring_hash(): step splitting is part of what a score depends on
 STEP_IDX = "step_idx"  # 0-based position of the step in its chain
 N_STEPS = "n_steps"
 STEP_TEXT = "step_text"
@@ -17,6 +18,7 @@ EXTRACTOR = "extractor"  # spacy:<pipeline> | srl:<model path>
 SCHEMA = StructType(
     [
         StructField(CHAIN_ID, StringType(), False),
+        StructField(CONFIG_HASH, StringType(), False),
         StructField(STEP_IDX, IntegerType(), False),
         StructField(N_STEPS, IntegerType(), False),
         StructField(STEP_TEXT, StringType(), False),
@@ -35,6 +37,7 @@ ANSWER_RULE = "answer_rule"  # given | indicator | last_conclusion
 CONTEXTS_SCHEMA = StructType(
     [
         StructField(CHAIN_ID, StringType(), False),
+        StructField(CONFIG_HASH, StringType(), False),
         StructField(CONTEXT_SENTENCES, ArrayType(StringType()), False),
         StructField(ANSWER, StringType(), True),
         StructField(ANSWER_RULE, StringType(), False),
