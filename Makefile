@@ -27,8 +27,9 @@ run: setup
 test: setup
 	$(PYTHON) -m pytest -m "not slow and not cluster and not gpu" $(PYTEST_ARGS)
 
+# Exit code 5 (nothing collected) is not a failure here.
 test-slow: setup
-	$(PYTHON) -m pytest -m "(slow or cluster) and not gpu" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m "(slow or cluster) and not gpu" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 test-all: test test-slow
 

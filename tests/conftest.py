@@ -62,3 +62,72 @@ def make_settings(lake: Path, tmp_path: Path):
 @pytest.fixture
 def settings(make_settings) -> Settings:
     return make_settings()
+
+
+@pytest.fixture(scope="session")
+def spread_nli(tiny_models, tmp_path_factory) -> Path:
+    """The tiny NLI model (same config, unusual label2id, tokenizer) re-initialised with larger weights.
+
+    The stock tiny model gives every pair nearly 1/3 per label, so differences in order or padding hide
+    under 1e-5; this one spreads probabilities over [0, 1] (used by the NLI invariance tests).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    source = tiny_models["tiny-nli"]
+    config = AutoConfig.from_pretrained(source)
+    config.initializer_range = 0.2
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(config).eval()
+    out = tmp_path_factory.mktemp("spread-nli")
+    model.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(source).save_pretrained(out)
+    return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on 127.0.0.1 with a sqlite store; yields its URI, stopped by PID at the end."""
+    import subprocess
+    import time
+    import urllib.request
+
+    folder = tmp_path_factory.mktemp("mlflow_server")
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "mlflow", "server",
+            "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
+            "--artifacts-destination", str(folder / "artifacts"),
+            "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        ],
+        stdout=open(folder / "server.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"{uri}/health", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError((folder / "server.log").read_text()[-2000:])
+            time.sleep(1)
+    else:
+        proc.kill()
+        raise RuntimeError("mlflow server did not start in 180 s")
+    yield uri
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()

@@ -1,0 +1,37 @@
+"""Schemas are contracts: every written table matches its StructType; score directions are documented."""
+
+from __future__ import annotations
+
+from pyspark.testing import assertSchemaEqual
+
+from jobs import tables
+from schemas import chain_scores, chains, cot, meta_eval, quarantine, step_scores, steps
+
+
+def test_every_metric_has_definition_and_direction():
+    for name, (definition, direction) in step_scores.METRICS.items():
+        assert definition and direction == "higher is better", name
+    assert set(chain_scores.METRIC_NAMES) == set(step_scores.METRICS)
+
+
+def test_step_scores_schema_holds_nli_and_pvi_columns():
+    names = step_scores.SCHEMA.fieldNames()
+    for field in [*step_scores.NLI_SCHEMA.fieldNames(), *step_scores.PVI_SCHEMA.fieldNames()]:
+        assert field in names
+    assert len(names) == len(set(names))
+
+
+def test_ensure_writes_tables_with_contract_schema(spark, settings):
+    for name, schema in {
+        "chains": chains.SCHEMA,
+        "steps": steps.SCHEMA,
+        "contexts": steps.CONTEXTS_SCHEMA,
+        "step_scores": step_scores.SCHEMA,
+        "chain_scores": chain_scores.SCHEMA,
+        "quarantine": quarantine.SCHEMA,
+        "meta_eval": meta_eval.SCHEMA,
+        "cot_predictions": cot.PREDICTIONS_SCHEMA,
+        "cot_metrics": cot.METRICS_SCHEMA,
+    }.items():
+        tables.ensure(spark, settings.table(name), schema)
+        assertSchemaEqual(tables.read(spark, settings.table(name)).schema, schema)
