@@ -120,7 +120,7 @@ def mlflow_server(tmp_path_factory):
             break
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError((folder / "server.log").read_text()[-2000:])
+                raise RuntimeError((folder / "server.log").read_text()[-2000:]) from None
             time.sleep(1)
     else:
         proc.kill()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from jobs.config import ConfigError, cli_overrides, env_overrides, load_settings
 
@@ -75,7 +76,7 @@ def test_overrides_parse_yaml_scalars():
 
 def test_settings_are_frozen():
     s = load_settings(environ={})
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         s.runtime.batch_size = 3  # type: ignore[misc]
 
 

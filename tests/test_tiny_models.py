@@ -60,5 +60,5 @@ def test_build_all_is_deterministic(tmp_path):
 
     a = AutoModelForCausalLM.from_pretrained(build_gpt2(tmp_path / "a"))
     b = AutoModelForCausalLM.from_pretrained(build_gpt2(tmp_path / "b"))
-    for pa, pb in zip(a.parameters(), b.parameters()):
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb)
