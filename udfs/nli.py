@@ -1,0 +1,296 @@
+"""NLI model maths (pairs -> P(entail), P(neutral), P(contradiction)) and the Spark UDF that runs it.
+
+The maths is plain torch/numpy and runs without Spark; `nli_udf` wraps it in an iterator pandas UDF
+that loads the model once per Python worker (udfs.runtime.load_model) on the task's device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+ENTAIL = "entail"
+NEUTRAL = "neutral"
+CONTRADICTION = "contradiction"
+TRUNCATED = "truncated"
+ERROR = "error"
+
+# Label names seen in NLI checkpoints' label2id (MNLI-style); matched case-insensitively by prefix.
+_LABEL_PREFIXES = {ENTAIL: "entail", NEUTRAL: "neutral", CONTRADICTION: "contradict"}
+
+
+@dataclass(frozen=True)
+class NliOutput:
+    """Per pair: probabilities in the fixed order (entail, neutral, contradiction) and truncation flags."""
+
+    probs: np.ndarray  # (n, 3) float64
+    truncated: np.ndarray  # (n,) bool: the premise was cut to fit max_length
+
+
+# A predictor scores lists of (premise, hypothesis); a factory builds one inside the worker.
+PredictFn = Callable[[list[str], list[str]], "NliOutput | np.ndarray"]
+PredictFactory = Callable[[], PredictFn]
+
+
+def label_indices(label2id: Mapping[str, int]) -> tuple[int, int, int]:
+    """Logit indices of (entailment, neutral, contradiction) from a model's config.label2id, any case."""
+    found: dict[str, int] = {}
+    for name, index in label2id.items():
+        low = str(name).strip().lower()
+        for label, prefix in _LABEL_PREFIXES.items():
+            if low.startswith(prefix):
+                if label in found:
+                    raise ValueError(f"label2id {dict(label2id)} names {label!r} twice")
+                found[label] = int(index)
+    missing = [label for label in _LABEL_PREFIXES if label not in found]
+    if missing:
+        raise ValueError(
+            f"NLI model label2id {dict(label2id)} lacks {missing}: a 3-way entailment/neutral/contradiction "
+            "classifier is required (generic LABEL_0.. names cannot be mapped safely)"
+        )
+    return found[ENTAIL], found[NEUTRAL], found[CONTRADICTION]
+
+
+def effective_max_length(requested: int, tokenizer: Any, config: Any) -> int:
+    """The configured max_length, capped by what the tokenizer and the position embeddings allow."""
+    limits = [requested]
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_max, int) and tok_max < 100_000:
+        limits.append(tok_max)
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        limits.append(positions)
+    return min(limits)
+
+
+def encode_pairs(
+    tokenizer: Any, premises: Sequence[str], hypotheses: Sequence[str], max_length: int
+) -> tuple[list[dict[str, list[int]]], np.ndarray]:
+    """Token ids per pair with only the premise cut when the pair is too long; and which pairs were cut.
+
+    Pairs are tokenised once without truncation; only the too-long ones are encoded again with
+    `truncation="only_first"`. A hypothesis too long on its own cannot be saved by cutting the premise:
+    that pair falls back to `longest_first` (still counted as truncated).
+    """
+    names = [n for n in tokenizer.model_input_names if n in ("input_ids", "token_type_ids", "attention_mask")]
+    full = tokenizer(list(premises), list(hypotheses), truncation=False)
+    rows = [{n: full[n][i] for n in names if n in full} for i in range(len(premises))]
+    too_long = np.array([len(r["input_ids"]) > max_length for r in rows], dtype=bool)
+    for i in np.flatnonzero(too_long):
+        try:
+            enc = tokenizer(premises[i], hypotheses[i], truncation="only_first", max_length=max_length)
+        except Exception:  # the tokenizers library refuses when the hypothesis alone is too long
+            enc = tokenizer(premises[i], hypotheses[i], truncation="longest_first", max_length=max_length)
+        rows[i] = {n: enc[n] for n in names if n in enc}
+    return rows, too_long
+
+
+def _pad(rows: list[dict[str, list[int]]], pad_id: int, left: bool) -> dict[str, np.ndarray]:
+    width = max(len(r["input_ids"]) for r in rows)
+    out: dict[str, np.ndarray] = {}
+    for name in rows[0]:
+        fill = pad_id if name == "input_ids" else 0
+        arr = np.full((len(rows), width), fill, dtype=np.int64)
+        for j, r in enumerate(rows):
+            ids = r[name]
+            if left:
+                arr[j, width - len(ids) :] = ids
+            else:
+                arr[j, : len(ids)] = ids
+        out[name] = arr
+    if "attention_mask" not in out:
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        for j, r in enumerate(rows):
+            n = len(r["input_ids"])
+            if left:
+                mask[j, width - n :] = 1
+            else:
+                mask[j, :n] = 1
+        out["attention_mask"] = mask
+    return out
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
+    """Indices grouped into batches of similar length (longest first) to cut padding."""
+    order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def softmax_labels(logits: np.ndarray, indices: tuple[int, int, int]) -> np.ndarray:
+    """Softmax over all logits, then the (entail, neutral, contradiction) columns."""
+    logits = logits.astype(np.float64)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    exp = np.exp(shifted)
+    probs = exp / exp.sum(axis=1, keepdims=True)
+    return probs[:, list(indices)]
+
+
+def predict_pairs(
+    model: Any,
+    tokenizer: Any,
+    premises: Sequence[str],
+    hypotheses: Sequence[str],
+    batch_size: int,
+    max_length: int,
+    indices: tuple[int, int, int] | None = None,
+) -> NliOutput:
+    """Batched, length-sorted forward passes; results come back in the input order."""
+    import torch
+
+    n = len(premises)
+    if n == 0:
+        return NliOutput(np.zeros((0, 3)), np.zeros(0, dtype=bool))
+    indices = indices or label_indices(model.config.label2id)
+    limit = effective_max_length(max_length, tokenizer, model.config)
+    rows, truncated = encode_pairs(tokenizer, premises, hypotheses, limit)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    left = getattr(tokenizer, "padding_side", "right") == "left"
+    device = next(model.parameters()).device
+    probs = np.empty((n, 3), dtype=np.float64)
+    with torch.inference_mode():
+        for idx in length_batches([len(r["input_ids"]) for r in rows], batch_size):
+            arrays = _pad([rows[i] for i in idx], pad_id, left)
+            inputs = {k: torch.from_numpy(v).to(device) for k, v in arrays.items()}
+            logits = model(**inputs).logits.float().cpu().numpy()
+            probs[idx] = softmax_labels(logits, indices)
+    return NliOutput(probs, truncated)
+
+
+def as_output(result: NliOutput | np.ndarray, n: int) -> NliOutput:
+    """Predictors may return a bare (n, 3) array (test fakes); check the shape either way."""
+    out = result if isinstance(result, NliOutput) else NliOutput(np.asarray(result, dtype=np.float64), np.zeros(n, bool))
+    if out.probs.shape != (n, 3) or out.truncated.shape != (n,):
+        raise ValueError(f"NLI predictor returned shapes {out.probs.shape}/{out.truncated.shape} for {n} pairs")
+    return out
+
+
+def score_frame(
+    predict: PredictFn, premises: list[str], hypotheses: list[str], fail_fast: bool
+) -> pd.DataFrame:
+    """Score pairs; with fail_fast off, a pair whose scoring raises gets an error text, the rest a score.
+
+    A failing batch is split in halves until the failing pairs are alone, so one poisoned pair costs
+    O(log n) extra calls and never the whole batch (a CUDA out-of-memory shrinks the batch the same way).
+    """
+    n = len(premises)
+    probs = np.full((n, 3), np.nan)
+    truncated = np.zeros(n, dtype=bool)
+    errors: list[str | None] = [None] * n
+
+    def run(idx: np.ndarray) -> None:
+        try:
+            out = as_output(predict([premises[i] for i in idx], [hypotheses[i] for i in idx]), len(idx))
+        except Exception as err:
+            if fail_fast:
+                first = premises[idx[0]][:200] if len(idx) == 1 else f"{len(idx)} pairs"
+                raise RuntimeError(f"NLI scoring failed ({first!r}): {type(err).__name__}: {err}") from err
+            if len(idx) == 1:
+                errors[idx[0]] = f"{type(err).__name__}: {err}"[:1000]
+                return
+            half = len(idx) // 2
+            run(idx[:half])
+            run(idx[half:])
+            return
+        probs[idx] = out.probs
+        truncated[idx] = out.truncated
+        for j, i in enumerate(idx):
+            if not all(math.isfinite(p) for p in out.probs[j]):
+                if fail_fast:
+                    raise RuntimeError(f"NLI model gave non-finite probabilities for premise {premises[i][:200]!r}")
+                errors[i] = "non-finite probabilities"
+
+    if n:
+        run(np.arange(n))
+    bad = [e is not None for e in errors]
+
+    def column(k: int) -> pd.Series:
+        # NaN would reach Spark as NaN, not null: a failed pair must read as a missing score.
+        return pd.Series([None if b else float(p) for p, b in zip(probs[:, k], bad, strict=True)], dtype=object)
+
+    return pd.DataFrame(
+        {
+            ENTAIL: column(0),
+            NEUTRAL: column(1),
+            CONTRADICTION: column(2),
+            TRUNCATED: truncated,
+            ERROR: pd.Series(errors, dtype=object),
+        }
+    )
+
+
+def model_predictor(
+    path: str,
+    revision: str | None,
+    device: str,
+    dtype: str,
+    batch_size: int,
+    max_length: int,
+    threads: int | None = None,
+    trust_remote_code: bool = False,
+) -> PredictFactory:
+    """Factory run inside the worker: the task's device, the cached model, a predict function."""
+
+    def factory() -> PredictFn:
+        from udfs import runtime
+
+        runtime.quiet()
+        chosen = runtime.task_device(device)
+        cores = threads
+        if cores is None:
+            from pyspark import TaskContext
+
+            ctx = TaskContext.get()
+            cores = ctx.cpus() if ctx is not None else None
+        runtime.set_threads(cores)
+        model, tokenizer = runtime.load_model(path, "nli", chosen, dtype, revision, trust_remote_code)
+        indices = label_indices(model.config.label2id)
+
+        def predict(premises: list[str], hypotheses: list[str]) -> NliOutput:
+            return predict_pairs(model, tokenizer, premises, hypotheses, batch_size, max_length, indices)
+
+        return predict
+
+    return factory
+
+
+def udf_return_type():
+    from pyspark.sql.types import BooleanType, DoubleType, StringType, StructField, StructType
+
+    return StructType(
+        [
+            StructField(ENTAIL, DoubleType(), True),
+            StructField(NEUTRAL, DoubleType(), True),
+            StructField(CONTRADICTION, DoubleType(), True),
+            StructField(TRUNCATED, BooleanType(), True),
+            StructField(ERROR, StringType(), True),
+        ]
+    )
+
+
+def nli_udf(factory: PredictFactory, fail_fast: bool, sent: Any = None, cut: Any = None):
+    """Iterator pandas UDF (premise, hypothesis) -> struct of the three probabilities, truncated, error.
+
+    Chosen over predict_batch_udf so one poisoned pair can be isolated and returned as an error, and so
+    length-sorting spans the whole Arrow batch. `sent` / `cut` are optional Spark accumulators counting
+    the pairs given to the model and the truncated ones.
+    """
+    from pyspark.sql import functions as F
+
+    def score(batches: Iterator[tuple[pd.Series, pd.Series]]) -> Iterator[pd.DataFrame]:
+        predict = None
+        for premises, hypotheses in batches:
+            if predict is None:  # a model that cannot load is a job failure, not a row error
+                predict = factory()
+            frame = score_frame(predict, premises.tolist(), hypotheses.tolist(), fail_fast)
+            if sent is not None:
+                sent.add(len(frame))
+            if cut is not None:
+                cut.add(int(frame[TRUNCATED].sum()))
+            yield frame
+
+    return F.pandas_udf(score, udf_return_type())
