@@ -1,0 +1,335 @@
+"""`steps` + `contexts` -> PVI columns of `step_scores` (intra_pvi, info_gain and their parts); failures -> `quarantine`.
+
+Per chain of n steps the job asks the LMs for three kinds of target log-likelihoods (RECEVAL.md "Scores per
+step i"; meanlogp = mean natural-log probability of the target tokens, EOS excluded):
+- g:    meanlogp_g(" " + conclusion | "Generate entailed sentence: " + " & ".join(premises + earlier
+        conclusions) + " ->"), one per step;
+- g':   meanlogp_g'(" " + conclusion | "Generate entailed sentence: None ->"), one per DISTINCT conclusion
+        (its input is constant);
+- info: L(k) = meanlogp(" " + a_hat | " " + " ".join(s(1..k)) + " Therefore,"), L(0) with " Therefore,",
+        for k = 0..n: n+1 passes, not 2n; info_gain(i) = L(i) - L(i-1).
+The request strings come from one plain-Python function (`chain_requests`) shared with the training job and
+the benchmark. All requests are deduplicated across the whole input before any model runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+from jobs import tables
+from jobs.config import ModelRef, Settings
+from schemas import step_scores as SS
+from schemas import steps as ST
+from udfs import loglik
+
+ERROR = "error"  # null when every score of the step came back; read by jobs.score and `run`
+TRUNCATED = "pvi_truncated"  # some source of the step was cut to max_length
+STAGE = "pvi"
+
+G_PREFIX = "Generate entailed sentence: "
+NULL_SOURCE = G_PREFIX + "None ->"
+IG_BRIDGE = " Therefore,"
+IG_SEQ2SEQ_PREFIX = "Generate final answer:"
+
+# Request kinds per step and the model role that scores them.
+G, NULL, IG_PREV, IG_CUR = "g", "null", "ig_prev", "ig_cur"
+ROLE = {G: "pvi_g", NULL: "pvi_null", IG_PREV: "info_gain", IG_CUR: "info_gain"}
+
+# A fake LM for tests: scorer(role, sources, targets) -> list[TargetScore], role in pvi_g|pvi_null|info_gain.
+Scorer = Callable[[str, Sequence[str], Sequence[str]], Sequence[loglik.TargetScore]]
+
+
+# --- request strings (plain Python) -----------------------------------------------------------------------
+
+
+def target(text: str) -> str:
+    return " " + text
+
+
+def g_source(premises: Sequence[str]) -> str:
+    """g's input. No premise text at all (a one-RCU first step) reads as g' does: "None"."""
+    return G_PREFIX + (" & ".join(premises) if premises else "None") + " ->"
+
+
+def ig_source(steps_so_far: Sequence[str], family: str = "causal") -> str:
+    """L(k)'s source for the steps s(1..k); the seq2seq model is trained with the "Generate final answer:" prefix."""
+    text = (" " + " ".join(steps_so_far) if steps_so_far else "") + IG_BRIDGE
+    return IG_SEQ2SEQ_PREFIX + text if family == "seq2seq" else text
+
+
+def earlier(conclusions: Sequence[str], history: str | int) -> list[str]:
+    if history == "none":
+        return []
+    if history == "all":
+        return list(conclusions)
+    return list(conclusions[-int(history) :]) if int(history) > 0 else []
+
+
+@dataclass(frozen=True)
+class Request:
+    step_idx: int
+    kind: str
+    source: str
+    target: str
+
+    @property
+    def role(self) -> str:
+        return ROLE[self.kind]
+
+
+def chain_requests(
+    step_texts: Sequence[str],
+    premises: Sequence[Sequence[str]],
+    conclusions: Sequence[str],
+    answer: str | None,
+    family: str = "causal",
+    history: str | int = "all",
+) -> list[Request]:
+    """Every (source, target) a chain needs, steps in order; no info-gain requests without an answer."""
+    out: list[Request] = []
+    for i, (premise, conclusion) in enumerate(zip(premises, conclusions, strict=True)):
+        out.append(Request(i, G, g_source([*premise, *earlier(conclusions[:i], history)]), target(conclusion)))
+        out.append(Request(i, NULL, NULL_SOURCE, target(conclusion)))
+        if answer is not None:
+            out.append(Request(i, IG_PREV, ig_source(step_texts[:i], family), target(answer)))
+            out.append(Request(i, IG_CUR, ig_source(step_texts[: i + 1], family), target(answer)))
+    return out
+
+
+# --- Spark --------------------------------------------------------------------------------------------------
+
+_REQUESTS = StructType(
+    [
+        StructField(ST.CHAIN_ID, StringType(), False),
+        StructField(ST.CONFIG_HASH, StringType(), False),
+        StructField(ST.STEP_IDX, IntegerType(), False),
+        StructField("kind", StringType(), False),
+        StructField("role", StringType(), False),
+        StructField("source", StringType(), False),
+        StructField("target", StringType(), False),
+    ]
+)
+
+
+def _requests_fn(family: str, history: str | int):
+    def build(chain: pd.DataFrame) -> pd.DataFrame:
+        chain = chain.sort_values(ST.STEP_IDX)
+        idx = chain[ST.STEP_IDX].tolist()
+        answer = chain[ST.ANSWER].iloc[0]
+        answer = None if answer is None or (isinstance(answer, float) and pd.isna(answer)) else str(answer)
+        premises = [list(p) if p is not None else [] for p in chain[ST.PREMISE_RCUS]]
+        reqs = chain_requests(
+            chain[ST.STEP_TEXT].tolist(), premises, chain[ST.CONCLUSION_RCU].tolist(), answer, family, history
+        )
+        return pd.DataFrame(
+            {
+                ST.CHAIN_ID: chain[ST.CHAIN_ID].iloc[0],
+                ST.CONFIG_HASH: chain[ST.CONFIG_HASH].iloc[0],
+                ST.STEP_IDX: [idx[r.step_idx] for r in reqs],
+                "kind": [r.kind for r in reqs],
+                "role": [r.role for r in reqs],
+                "source": [r.source for r in reqs],
+                "target": [r.target for r in reqs],
+            },
+            columns=_REQUESTS.fieldNames(),
+        )
+
+    return build
+
+
+def requests(steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:
+    """One row per (step, kind) with the model role and the exact source/target strings."""
+    joined = steps.select(
+        ST.CHAIN_ID, ST.CONFIG_HASH, ST.STEP_IDX, ST.STEP_TEXT, ST.PREMISE_RCUS, ST.CONCLUSION_RCU
+    ).join(contexts.select(ST.CHAIN_ID, ST.CONFIG_HASH, ST.ANSWER), [ST.CHAIN_ID, ST.CONFIG_HASH], "left")
+    build = _requests_fn(info_gain_family(settings), settings.pvi.intra_history)
+    return joined.groupBy(ST.CHAIN_ID, ST.CONFIG_HASH).applyInPandas(build, _REQUESTS)
+
+
+def info_gain_family(settings: Settings) -> str:
+    family = settings.pvi.info_gain_family
+    if settings.models.info_gain.family != family:
+        raise ValueError(
+            f"pvi.info_gain_family={family!r} but models.info_gain.family={settings.models.info_gain.family!r}: "
+            "set both to the same family"
+        )
+    return family
+
+
+def model_id(ref: ModelRef) -> str:
+    return ref.path if not ref.revision else f"{ref.path}@{ref.revision}"
+
+
+def _bound(scorer: Scorer, role: str) -> loglik.ScoreFn:
+    return functools.partial(scorer, role)
+
+
+def _factories(settings: Settings, scorer: Scorer | None) -> dict[str, Callable[[], loglik.ScoreFn]]:
+    refs = {"pvi_g": settings.models.pvi_g, "pvi_null": settings.models.pvi_null, "info_gain": settings.models.info_gain}
+    if scorer is not None:
+        return {role: functools.partial(_bound, scorer, role) for role in refs}
+    rt = settings.runtime
+    batch_size = settings.pvi.batch_size or rt.batch_size
+    max_length = settings.pvi.max_length or rt.max_length
+    families = {"pvi_g": refs["pvi_g"].family, "pvi_null": refs["pvi_null"].family, "info_gain": info_gain_family(settings)}
+    return {
+        role: loglik.model_scorer_factory(
+            ref.path, families[role], rt.device, rt.dtype, ref.revision, batch_size, max_length,
+            rt.torch_threads, rt.trust_remote_code,
+        )
+        for role, ref in refs.items()
+    }
+
+
+def _parallelism(df: DataFrame) -> int:
+    try:
+        return max(1, df.sparkSession.sparkContext.defaultParallelism)
+    except Exception:  # Spark Connect has no SparkContext
+        return int(df.sparkSession.conf.get("spark.sql.shuffle.partitions", "8"))
+
+
+def transform(steps: DataFrame, contexts: DataFrame, settings: Settings, scorer: Scorer | None = None) -> DataFrame:
+    """(steps, contexts) -> one row per step: keys, PVI_SCHEMA scores, model ids, `pvi_truncated`, `error`. Pure.
+
+    `scorer` replaces the LMs (tests). With runtime.on_row_error == "fail" a scoring error fails the job; with
+    "quarantine" it lands in `error` and the step's scores are null.
+    """
+    reqs = requests(steps, contexts, settings)
+    # An explicit count keeps adaptive execution from coalescing the (few, small) pair rows into one task:
+    # the model work must spread over every core.
+    pairs = reqs.select("role", "source", "target").distinct().repartition(_parallelism(steps))
+    on_error = settings.runtime.on_row_error
+    scored = None
+    for role, factory in _factories(settings, scorer).items():
+        udf = loglik.loglik_udf(factory, on_error)
+        part = pairs.where(F.col("role") == role).withColumn("s", udf("source", "target"))
+        scored = part if scored is None else scored.unionByName(part)
+    joined = reqs.join(scored, ["role", "source", "target"], "left")
+
+    def pick(kind: str):
+        return F.max(F.when(F.col("kind") == kind, F.col("s.mean_logprob")))
+
+    errors = F.array_distinct(F.collect_list(F.when(F.col("s.error").isNotNull(),
+                                                    F.concat(F.col("kind"), F.lit(": "), F.col("s.error")))))
+    per_step = joined.groupBy(ST.CHAIN_ID, ST.CONFIG_HASH, ST.STEP_IDX).agg(
+        pick(G).alias(SS.PVI_G),
+        pick(NULL).alias(SS.PVI_NULL),
+        pick(IG_PREV).alias(SS.IG_L_PREV),
+        pick(IG_CUR).alias(SS.IG_L),
+        F.max(F.coalesce(F.col("s.truncated"), F.lit(False))).alias(TRUNCATED),
+        errors.alias("_errors"),
+    )
+    models = settings.models
+    return per_step.select(
+        ST.CHAIN_ID,
+        ST.STEP_IDX,
+        (F.col(SS.PVI_G) - F.col(SS.PVI_NULL)).alias(SS.INTRA_PVI),
+        SS.PVI_G,
+        SS.PVI_NULL,
+        (F.col(SS.IG_L) - F.col(SS.IG_L_PREV)).alias(SS.INFO_GAIN),
+        SS.IG_L_PREV,
+        SS.IG_L,
+        ST.CONFIG_HASH,
+        F.lit(model_id(models.pvi_g)).alias(SS.PVI_MODEL),
+        F.lit(model_id(models.pvi_null)).alias(SS.PVI_NULL_MODEL),
+        F.lit(model_id(models.info_gain)).alias(SS.IG_MODEL),
+        TRUNCATED,
+        F.when(F.size("_errors") > 0, F.concat_ws("; ", "_errors")).alias(ERROR),
+    )
+
+
+OUTPUT_COLUMNS = [*SS.PVI_SCHEMA.fieldNames()[2:], SS.PVI_MODEL, SS.PVI_NULL_MODEL, SS.IG_MODEL]
+
+
+def check_models(settings: Settings) -> None:
+    """On the driver, before any table is touched: every PVI model is reachable."""
+    from udfs import runtime
+
+    info_gain_family(settings)
+    for role in ("pvi_g", "pvi_null", "info_gain"):
+        runtime.check_available(getattr(settings.models, role).path, role)
+
+
+def _to_score(steps: DataFrame, spark: SparkSession, settings: Settings) -> DataFrame:
+    """Steps of the current configuration whose chains have no PVI scores yet (all of them with rescore)."""
+    steps = steps.where(F.col(ST.CONFIG_HASH) == settings.scoring_hash())
+    path = settings.table("step_scores")
+    if settings.pipeline.rescore or not tables.exists(spark, path):
+        return steps
+    done = (
+        tables.read(spark, path)
+        .where(F.col(SS.PVI_G).isNotNull())
+        .select(SS.CHAIN_ID, SS.CONFIG_HASH)
+        .distinct()
+    )
+    return steps.join(done, [ST.CHAIN_ID, ST.CONFIG_HASH], "left_anti")
+
+
+def run(spark: SparkSession, settings: Settings, job=None, scorer: Scorer | None = None) -> dict[str, int]:
+    """Score the steps table's PVI columns into `step_scores`; failing steps -> `quarantine` (stage pvi)."""
+    if scorer is None:
+        check_models(settings)
+    steps = _to_score(tables.read(spark, settings.table("steps"), ST.SCHEMA), spark, settings)
+    contexts = tables.read(spark, settings.table("contexts"), ST.CONTEXTS_SCHEMA)
+    started = time.time()
+    scored = transform(steps, contexts, settings, scorer).persist()
+    try:
+        n_in = steps.count()
+        tally = scored.agg(
+            F.count(F.lit(1)).alias("n"),
+            F.count(ERROR).alias("bad"),
+            F.count(F.when(F.col(TRUNCATED), 1)).alias("truncated"),
+        ).first()
+        n_bad, n_truncated = int(tally["bad"]), int(tally["truncated"])
+        n_good = int(tally["n"]) - n_bad
+        good = scored.where(F.col(ERROR).isNull())
+        bad = scored.where(F.col(ERROR).isNotNull())
+        tables.merge_columns(
+            spark, good, settings.table("step_scores"), SS.SCHEMA,
+            keys=[SS.CHAIN_ID, SS.STEP_IDX, SS.CONFIG_HASH], columns=OUTPUT_COLUMNS,
+        )
+        if n_bad:
+            rows = tables.quarantine_rows(
+                bad, STAGE, "scoring_error", F.col(ERROR), chain_id=F.col(SS.CHAIN_ID),
+                raw=F.to_json(F.struct(SS.CHAIN_ID, SS.CONFIG_HASH, SS.STEP_IDX)),
+                source=F.concat(F.lit("config_hash:"), F.col(SS.CONFIG_HASH)),
+                run_id=getattr(job, "local_id", None),
+            )
+            tables.append_quarantine(spark, settings, rows)
+    finally:
+        scored.unpersist()
+    counts = {"steps_in": n_in, "steps_scored": n_good, "steps_quarantined": n_bad, "steps_truncated": n_truncated}
+    if n_in != n_good + n_bad:
+        raise RuntimeError(f"PVI counts do not reconcile: {counts}")
+    print(f"[pvi_scores] {counts} in {time.time() - started:.1f}s")
+    if job is not None:
+        job.log_metrics({**counts, "pvi_seconds": time.time() - started})
+        job.set_tags({"pvi_model": model_id(settings.models.pvi_g), "pvi_null_model": model_id(settings.models.pvi_null),
+                      "ig_model": model_id(settings.models.info_gain)})
+    return counts
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from jobs.session import build_session
+    from jobs.tracking import job_run
+
+    settings, _ = tables.job_args(__doc__.splitlines()[0], argv)
+    check_models(settings)
+    spark = build_session(settings.spark)
+    with job_run(settings, "pvi_scores") as job:
+        job.set_tags({"input_steps_version": tables.version(spark, settings.table("steps"))})
+        run(spark, settings, job)
+        job.set_tags({"output_step_scores_version": tables.version(spark, settings.table("step_scores"))})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

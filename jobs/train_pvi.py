@@ -1,0 +1,257 @@
+"""Gold chains (EntailmentBank trees or JSONL gold step lists) -> a fine-tuned seq2seq PVI model (folder + MLflow run).
+
+Three kinds of model (RECEVAL.md "Training the PVI models"), trained on exactly the strings the scoring job
+(jobs.pvi_scores) sends:
+- g:         "Generate entailed sentence: " + " & ".join(premises + earlier conclusions) + " ->"  ->  " " + conclusion
+- g_null:    "Generate entailed sentence: None ->"  ->  " " + conclusion
+- info_gain: "Generate final answer:" + " " + " ".join(s(1..k)) + " Therefore,"  ->  " " + answer, k = 0..n
+Recipe (paper): AdamW lr 3e-5, weight decay 0.1, 10 epochs, batch 16, early stopping on dev ROUGE-L
+(rouge-score), label padding -100; every value is in `train_pvi` settings. The best epoch's model is saved to
+`<train_pvi.output_dir>/<kind>` (point models.pvi_g.path / pvi_null.path / info_gain.path there) and logged to
+the MLflow run as the artifact folder `model`.
+
+    python -m jobs.train_pvi --set train_pvi.kind=g --set train_pvi.epochs=10
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from jobs import pvi_scores as P
+from jobs.config import Settings, TrainPviSettings, resolve_path
+
+KINDS = ("g", "g_null", "info_gain")
+
+
+# --- training pairs (plain Python) -------------------------------------------------------------------------
+
+
+def _eb_chain(row: Mapping[str, Any]) -> tuple[list[str], list[list[str]], list[str], str]:
+    """EB tree -> (rendered steps, premises per step (facts and non-earlier nodes), conclusions, hypothesis)."""
+    from udfs import entailment_bank as eb
+
+    steps = eb.parse_proof(row["proof"])
+    texts = eb.node_texts(row)
+    rendered = eb.render(steps, texts)
+    concluded: set[str] = set()
+    premises: list[list[str]] = []
+    for s in steps:
+        # Earlier conclusions are added by chain_requests (as when scoring); parents that are earlier
+        # conclusions would otherwise appear twice.
+        premises.append([texts[p] for p in s.parents if p not in concluded])
+        concluded.add(s.child)
+    return rendered, premises, [texts[s.child] for s in steps], texts[eb.HYPOTHESIS]
+
+
+def _generic_chain(row: Mapping[str, Any]) -> tuple[list[str], list[list[str]], list[str], str | None]:
+    """{"steps": [...], "answer": ...}: every step is a conclusion whose premises are the earlier steps."""
+    steps = [str(s) for s in row["steps"]]
+    return steps, [[] for _ in steps], steps, row.get("answer")
+
+
+def chain_pairs(row: Mapping[str, Any], kind: str) -> list[tuple[str, str]]:
+    """(source, target) training pairs of one gold chain for a model kind."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if "proof" in row:
+        texts, premises, conclusions, answer = _eb_chain(row)
+    elif isinstance(row.get("steps"), list):
+        texts, premises, conclusions, answer = _generic_chain(row)
+    else:
+        raise ValueError("a gold chain row needs an EntailmentBank 'proof' or a 'steps' list")
+    family = "seq2seq"
+    reqs = P.chain_requests(texts, premises, conclusions, answer, family, "all")
+    if kind == "g":
+        return [(r.source, r.target) for r in reqs if r.kind == P.G]
+    if kind == "g_null":
+        return [(r.source, r.target) for r in reqs if r.kind == P.NULL]
+    # L(0..n): the first step's "previous" source then every step's own.
+    ig = [r for r in reqs if r.kind == P.IG_CUR or (r.kind == P.IG_PREV and r.step_idx == 0)]
+    return [(r.source, r.target) for r in ig]
+
+
+def load_rows(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
+    rows = []
+    with resolve_path(path).open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                rows.append(json.loads(line))
+            if limit is not None and len(rows) >= limit:
+                break
+    return rows
+
+
+def build_pairs(rows: Iterable[Mapping[str, Any]], kind: str, limit: int | None = None) -> list[tuple[str, str]]:
+    pairs = [p for row in rows for p in chain_pairs(row, kind)]
+    return pairs[:limit] if limit is not None else pairs
+
+
+# --- training (torch) --------------------------------------------------------------------------------------
+
+
+def _collate(tokenizer: Any, pairs: Sequence[tuple[str, str]], cfg: TrainPviSettings, device: str):
+
+    enc = tokenizer([s for s, _ in pairs], max_length=cfg.max_source_length, truncation=True,
+                    padding=True, return_tensors="pt")
+    # Targets keep EOS here so the model learns to stop; scoring leaves EOS out of meanlogp.
+    lab = tokenizer([t for _, t in pairs], max_length=cfg.max_target_length, truncation=True,
+                    padding=True, return_tensors="pt")
+    labels = lab["input_ids"].masked_fill(lab["attention_mask"] == 0, -100)
+    return {"input_ids": enc["input_ids"].to(device), "attention_mask": enc["attention_mask"].to(device),
+            "labels": labels.to(device)}
+
+
+def evaluate(model: Any, tokenizer: Any, pairs: Sequence[tuple[str, str]], cfg: TrainPviSettings, device: str):
+    """(dev loss, dev ROUGE-L F1 of greedy generations against the targets)."""
+    import torch
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    model.eval()
+    losses, rouges = [], []
+    with torch.inference_mode():
+        for i in range(0, len(pairs), cfg.batch_size):
+            chunk = pairs[i : i + cfg.batch_size]
+            batch = _collate(tokenizer, chunk, cfg, device)
+            losses.append(float(model(**batch).loss) * len(chunk))
+            gen = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                 max_new_tokens=cfg.eval_max_new_tokens, num_beams=1, do_sample=False)
+            for text, (_, ref) in zip(tokenizer.batch_decode(gen, skip_special_tokens=True), chunk, strict=True):
+                rouges.append(scorer.score(ref.strip(), text.strip())["rougeL"].fmeasure)
+    n = max(len(pairs), 1)
+    return sum(losses) / n, (sum(rouges) / len(rouges) if rouges else 0.0)
+
+
+def train(
+    train_pairs: Sequence[tuple[str, str]],
+    dev_pairs: Sequence[tuple[str, str]],
+    cfg: TrainPviSettings,
+    out_dir: Path,
+    device: str = "cpu",
+) -> list[dict[str, float]]:
+    """Fine-tune `cfg.base_model`; the best dev-ROUGE-L epoch is saved to `out_dir`. Returns per-epoch metrics."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from udfs.runtime import resolve_model_path
+
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    base = resolve_model_path(cfg.base_model)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForSeq2SeqLM.from_pretrained(base, use_safetensors=True).to(device)
+    no_decay = ("bias", "layer_norm", "LayerNorm", "layernorm")
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if not any(k in n for k in no_decay)],
+         "weight_decay": cfg.weight_decay},
+        {"params": [p for n, p in model.named_parameters() if any(k in n for k in no_decay)], "weight_decay": 0.0},
+    ]
+    optim = torch.optim.AdamW(groups, lr=cfg.lr)
+    order = list(train_pairs)
+    history: list[dict[str, float]] = []
+    best, stale, steps = -math.inf, 0, 0
+    for epoch in range(1, cfg.epochs + 1):
+        model.train()
+        random.shuffle(order)
+        total, seen, started = 0.0, 0, time.time()
+        for i in range(0, len(order), cfg.batch_size):
+            if cfg.max_steps is not None and steps >= cfg.max_steps:
+                break
+            chunk = order[i : i + cfg.batch_size]
+            loss = model(**_collate(tokenizer, chunk, cfg, device)).loss
+            optim.zero_grad()
+            loss.backward()
+            optim.step()
+            steps += 1
+            total += float(loss.detach()) * len(chunk)
+            seen += len(chunk)
+        dev_loss, rouge_l = evaluate(model, tokenizer, dev_pairs, cfg, device)
+        history.append({"epoch": epoch, "train_loss": total / max(seen, 1), "dev_loss": dev_loss,
+                        "dev_rouge_l": rouge_l, "optimizer_steps": steps, "epoch_seconds": time.time() - started})
+        print(f"[train_pvi] epoch {epoch}: {history[-1]}")
+        if rouge_l > best + cfg.min_delta:
+            best, stale = rouge_l, 0
+            out_dir.mkdir(parents=True, exist_ok=True)
+            model.save_pretrained(out_dir, safe_serialization=True)
+            tokenizer.save_pretrained(out_dir)
+        else:
+            stale += 1
+            if stale >= cfg.patience:
+                print(f"[train_pvi] early stop: dev ROUGE-L did not improve for {stale} epochs")
+                break
+        if cfg.max_steps is not None and steps >= cfg.max_steps:
+            break
+    return history
+
+
+def output_dir(settings: Settings) -> Path:
+    return resolve_path(settings.train_pvi.output_dir) / settings.train_pvi.kind
+
+
+def run(settings: Settings, job=None) -> tuple[Path, list[dict[str, float]]]:
+    """Build pairs, train, save; per-epoch metrics and the model folder are logged by `main` / the caller."""
+    from udfs.runtime import task_device
+
+    cfg = settings.train_pvi
+    train_pairs = build_pairs(load_rows(cfg.train_path), cfg.kind, cfg.max_train_rows)
+    dev_pairs = build_pairs(load_rows(cfg.dev_path), cfg.kind, cfg.max_dev_rows)
+    if not train_pairs or not dev_pairs:
+        raise ValueError(f"no training ({len(train_pairs)}) or dev ({len(dev_pairs)}) pairs for kind {cfg.kind!r}")
+    out = output_dir(settings)
+    history = train(train_pairs, dev_pairs, cfg, out, task_device(settings.runtime.device))
+    (out / "train_pvi.json").write_text(json.dumps({"kind": cfg.kind, "history": history,
+                                                    "settings": cfg.model_dump(mode="json")}, indent=1))
+    if job is not None:
+        job.log_metrics({"train_pairs": len(train_pairs), "dev_pairs": len(dev_pairs), "epochs_run": len(history),
+                         "best_dev_rouge_l": max(h["dev_rouge_l"] for h in history),
+                         "final_train_loss": history[-1]["train_loss"]})
+        job.set_tags({"pvi_kind": cfg.kind, "model_dir": str(out)})
+        job.log_text("train_pvi/epochs.json", json.dumps(history, indent=1))
+        job.log_text("train_pvi/sample_pairs.json", json.dumps(train_pairs[:20], indent=1))
+    print(f"[train_pvi] model saved to {out}; score with --set models.{_role(cfg.kind)}.path={out}")
+    return out, history
+
+
+def _role(kind: str) -> str:
+    return {"g": "pvi_g", "g_null": "pvi_null", "info_gain": "info_gain"}[kind]
+
+
+def log_to_mlflow(settings: Settings, run_id: str, out: Path, history: Sequence[Mapping[str, float]]) -> str:
+    """Per-epoch metrics with their step and the model folder as the `model` artifact; returns its URI."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    from jobs.tracking import tracking_uri
+
+    client = MlflowClient(tracking_uri(settings))
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, float(v), now, int(h["epoch"])) for h in history for k, v in h.items() if k != "epoch"]
+    for i in range(0, len(metrics), 500):
+        client.log_batch(run_id, metrics=metrics[i : i + 500])
+    client.log_artifacts(run_id, str(out), "model")
+    return f"runs:/{run_id}/model"
+
+
+def main(argv: Sequence[str] | None = None) -> str | None:
+    from jobs.tables import job_args
+    from jobs.tracking import job_run
+
+    settings, _ = job_args(__doc__.splitlines()[0], argv)
+    with job_run(settings, "train_pvi") as job:
+        out, history = run(settings, job)
+    if job.run_id is None:
+        return None
+    uri = log_to_mlflow(settings, job.run_id, out, history)
+    print(f"[train_pvi] MLflow model {uri}")
+    return uri
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
