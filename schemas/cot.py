@@ -1,4 +1,8 @@
-"""`cot_predictions` (one row per example, mode and model) and `cot_metrics` (accuracy / EM per group)."""
+"""`cot_predictions` (one row per example, mode and model) and `cot_metrics` (accuracy / EM per group).
+
+Keys: predictions (dataset, task, template, example_id, mode, model), template null-safe (BBH and MGSM have
+none); metrics (dataset, mode, model, aggregate, group, metric). All metrics: higher is better.
+"""
 
 from __future__ import annotations
 
@@ -40,18 +44,20 @@ MODEL = "model"
 PROMPT = "prompt"
 RATIONALE = "rationale"
 PREDICTION = "prediction"
-CORRECT = "correct"
-NUMERIC_CORRECT = "numeric_correct"
+CORRECT = "correct"  # classification: the option ranked first by cot.score matches gold; generation: EM
+NUMERIC_CORRECT = "numeric_correct"  # generation with a numeric gold: same number ("18." == "$18" == "18")
+CORRECT_PER_TOKEN = "correct_per_token"  # classification: argmax of log-prob per option token is gold
+CORRECT_PER_BYTE = "correct_per_byte"  # classification: argmax of log-prob per UTF-8 byte is gold
 OPTION_SCORES = "option_scores"
 TRUNCATED = "truncated"
 
 OPTION_SCORE = StructType(
     [
-        StructField("option", StringType(), False),
-        StructField("sum_logprob", DoubleType(), False),  # T0 convention: the default ranking
-        StructField("per_token", DoubleType(), False),
-        StructField("per_byte", DoubleType(), False),
-        StructField("n_tokens", IntegerType(), False),
+        StructField("option", StringType(), True),
+        StructField("sum_logprob", DoubleType(), True),  # T0 convention: the default ranking (natural log)
+        StructField("per_token", DoubleType(), True),  # sum_logprob / n_tokens (lm-eval acc_norm style)
+        StructField("per_byte", DoubleType(), True),  # sum_logprob / UTF-8 bytes of the option
+        StructField("n_tokens", IntegerType(), True),
     ]
 )
 
@@ -65,16 +71,28 @@ PREDICTIONS_SCHEMA = StructType(
         StructField(PREDICTION, StringType(), True),
         StructField(CORRECT, BooleanType(), False),
         StructField(NUMERIC_CORRECT, BooleanType(), True),
+        StructField(CORRECT_PER_TOKEN, BooleanType(), True),
+        StructField(CORRECT_PER_BYTE, BooleanType(), True),
         StructField(OPTION_SCORES, ArrayType(OPTION_SCORE), True),
         StructField(TRUNCATED, BooleanType(), False),
     ]
 )
 
-GROUP = "group"  # task, template, or '*' for dataset-level means
-AGGREGATE = "aggregate"  # task | template | macro | micro | median_template
-METRIC_NAME = "metric"  # accuracy | exact_match | numeric_match | acc_norm_token | acc_norm_byte
+GROUP = "group"  # task name; "task/template" for aggregate=template; "*" for dataset-level means
+# template: one P3 template; task: all rows of a task; median_template: median over a task's templates (T0);
+# macro: mean over tasks of the task value (median over templates for templated tasks; CoT Collection);
+# micro: mean over all rows of the dataset (lm-evaluation-harness).
+AGGREGATE = "aggregate"
+AGGREGATES = ("template", "task", "median_template", "macro", "micro")
+METRIC_NAME = "metric"
+METRICS = {
+    "accuracy": "share of rows with `correct` (classification accuracy; exact match for generation); higher is better",
+    "numeric_match": "share of numeric-gold generation rows whose answer is the same number; higher is better",
+    "acc_norm_token": "classification accuracy ranking options by log-prob per token; higher is better",
+    "acc_norm_byte": "classification accuracy ranking options by log-prob per byte; higher is better",
+}
 VALUE = "value"
-CI_LOW = "ci_low"
+CI_LOW = "ci_low"  # bootstrap percentile interval (scipy.stats.bootstrap), cot.confidence; null if n < 2
 CI_HIGH = "ci_high"
 N = "n"
 RUN_ID = "run_id"

@@ -1,0 +1,456 @@
+"""CoT Collection evaluation: evaluation files (BBH, MGSM, P3, custom JSONL) -> `cot_predictions`, `cot_metrics`.
+
+Direct and CoT modes, as in Kim et al. 2023 (shared/design/COT_EVAL.md):
+- Direct: classification scores every option after `source + "\\n[ANSWER] "` (examples exploded to one row
+  per option, log-likelihood, argmax per example); generation compares the greedy output with the gold (EM).
+- CoT: a rationale of >= min_new_tokens after `source + "\\n\\nLet's think step by step.\\n"`; classification
+  scores the options after `rationale + "\\n[ANSWER] "`; generation takes the answer after the last indicator.
+
+    python -m jobs.cot_eval --set cot.datasets=[bbh] --set cot.max_examples_per_task=5
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, StringType, StructField, StructType
+
+from jobs import tables
+from jobs.config import CotSettings, Settings
+from jobs.cot_data import Reject, load_examples
+from jobs.session import build_session
+from jobs.tracking import job_run
+from schemas import cot as S
+from udfs import cot_text
+
+STAGE = "cot_eval"
+KEY = "_key"
+PRED_KEYS = [S.DATASET, S.TASK, S.TEMPLATE, S.EXAMPLE_ID, S.MODE, S.MODEL]
+METRIC_KEYS = [S.DATASET, S.MODE, S.MODEL, S.AGGREGATE, S.GROUP, S.METRIC_NAME]
+
+
+@dataclass(frozen=True)
+class CotUdfs:
+    """The model UDFs, built once per job (a new UDF object would reload the model)."""
+
+    options: Callable[..., Column]  # (prompt, prefix, option) -> struct(sum_logprob, n_tokens, n_bytes, ...)
+    direct_generate: Callable[..., Column]  # prompt -> struct(text, n_tokens, truncated, error)
+    rationale: Callable[..., Column]  # CoT classification: stops at the indicator
+    cot_generate: Callable[..., Column]  # CoT generation: rationale and answer
+
+
+def build_udfs(settings: Settings) -> CotUdfs:
+    from udfs.generate import generate_udf, model_generator_factory
+    from udfs.options import model_options_factory, options_udf
+
+    cfg, rt, ref = settings.cot, settings.runtime, settings.models.cot
+    if ref.family not in ("causal", "seq2seq"):
+        raise ValueError(f"models.cot.family must be causal or seq2seq, got {ref.family!r}")
+    batch = cfg.batch_size or rt.batch_size
+    length = cfg.max_length or rt.max_length
+    common = dict(path=ref.path, family=ref.family, device=rt.device, dtype=rt.dtype, revision=ref.revision,
+                  trust_remote_code=rt.trust_remote_code, torch_threads=rt.torch_threads)  # fmt: skip
+    sampling = dict(do_sample=cfg.sample, top_p=cfg.top_p, temperature=cfg.temperature, seed=cfg.seed,
+                    batch_size=batch, max_length=length)  # fmt: skip
+
+    def gen(**kw: Any) -> Callable[..., Column]:
+        return generate_udf(model_generator_factory(**common, **sampling, **kw), rt.on_row_error)
+
+    return CotUdfs(
+        options=options_udf(
+            model_options_factory(**common, batch_size=batch, max_length=length, share_prompt=cfg.share_prompt),
+            rt.on_row_error,
+        ),
+        direct_generate=gen(max_new_tokens=cfg.direct_max_new_tokens, min_new_tokens=0, stop_strings=cfg.direct_stop),
+        rationale=gen(
+            max_new_tokens=cfg.max_new_tokens,
+            min_new_tokens=cfg.min_new_tokens,
+            stop_strings=cfg.indicators if cfg.stop_at_indicator else (),
+        ),
+        cot_generate=gen(max_new_tokens=cfg.max_new_tokens, min_new_tokens=cfg.min_new_tokens, stop_strings=()),
+    )
+
+
+# ---- text rules as column functions ----------------------------------------------------------------------
+_JUDGED = StructType(
+    [StructField("correct", BooleanType()), StructField("numeric", BooleanType())]
+)
+
+
+def _judge(is_generation: bool) -> Callable[..., Column]:
+    @F.pandas_udf(_JUDGED)
+    def judge(prediction: pd.Series, gold: pd.Series) -> pd.DataFrame:
+        correct = [cot_text.exact_match(p, g) for p, g in zip(prediction, gold, strict=True)]
+        numeric = [cot_text.numeric_match(p, g) if is_generation else None for p, g in zip(prediction, gold, strict=True)]
+        return pd.DataFrame({"correct": correct, "numeric": pd.array(numeric, dtype="boolean")})
+
+    return judge
+
+
+def _rationale_of(indicators: Sequence[str]) -> Callable[..., Column]:
+    @F.pandas_udf(StringType())
+    def rationale(text: pd.Series) -> pd.Series:
+        return pd.Series([None if t is None else cot_text.cut_at_indicator(t, indicators)[0] for t in text])
+
+    return rationale
+
+
+def _answer_of(indicators: Sequence[str], until: Sequence[str] = ()) -> Callable[..., Column]:
+    @F.pandas_udf(StringType())
+    def answer(text: pd.Series) -> pd.Series:
+        return pd.Series([None if t is None else cot_text.extract_answer(t, indicators, until) for t in text])
+
+    return answer
+
+
+def _key() -> Column:
+    # Template is null for BBH and MGSM: a plain equi-join on it would drop those rows.
+    return F.concat_ws("\x1f", S.DATASET, S.TASK, F.coalesce(F.col(S.TEMPLATE), F.lit("\x00")), S.EXAMPLE_ID)
+
+
+# ---- the pure core ---------------------------------------------------------------------------------------
+def _argmax(scores: Column, field: str) -> Column:
+    # Highest score wins; a tie goes to the first option (-idx larger), as udfs.cot_text.pick_option.
+    return F.array_max(F.transform(scores, lambda s: F.struct(s[field], -s["idx"], s["option"])))["option"]
+
+
+def score_classification(df: DataFrame, options_udf: Callable[..., Column], score: str, partitions: int) -> DataFrame:
+    """Rows with KEY, prompt, prefix, options -> KEY, option_scores, the three argmax options, truncated, error.
+
+    One row per (example, option), scored by the shared-prompt UDF (an example's rows kept adjacent), then
+    gathered back per example.
+    """
+    exploded = (
+        df.select(KEY, S.PROMPT, "prefix", F.posexplode(S.OPTIONS).alias("idx", "option"))
+        .repartition(partitions, KEY)
+        .sortWithinPartitions(KEY, "idx")
+    )
+    scored = exploded.withColumn("s", options_udf(S.PROMPT, "prefix", "option"))
+    n_tok = F.col("s.n_tokens")
+    per_token = F.when(n_tok > 0, F.col("s.sum_logprob") / n_tok).otherwise(F.lit(0.0))
+    per_byte = F.when(F.col("s.n_bytes") > 0, F.col("s.sum_logprob") / F.col("s.n_bytes")).otherwise(F.lit(0.0))
+    gathered = scored.groupBy(KEY).agg(
+        F.array_sort(
+            F.collect_list(
+                F.struct(
+                    F.col("idx"),
+                    F.col("option"),
+                    F.col("s.sum_logprob").alias("sum_logprob"),
+                    per_token.alias("per_token"),
+                    per_byte.alias("per_byte"),
+                    n_tok.alias("n_tokens"),
+                )
+            )
+        ).alias("_scores"),
+        F.max(F.col("s.truncated").cast("int")).cast("boolean").alias("_opt_truncated"),
+        F.first(F.col("s.error"), ignorenulls=True).alias("_opt_error"),
+    )
+    fields = {"sum": "sum_logprob", "per_token": "per_token", "per_byte": "per_byte"}
+    return gathered.select(
+        KEY,
+        F.transform(
+            "_scores",
+            lambda s: F.struct(
+                s["option"].alias("option"),
+                s["sum_logprob"].alias("sum_logprob"),
+                s["per_token"].alias("per_token"),
+                s["per_byte"].alias("per_byte"),
+                s["n_tokens"].alias("n_tokens"),
+            ),
+        ).alias(S.OPTION_SCORES),
+        _argmax(F.col("_scores"), fields[score]).alias("_pred"),
+        _argmax(F.col("_scores"), "per_token").alias("_pred_token"),
+        _argmax(F.col("_scores"), "per_byte").alias("_pred_byte"),
+        "_opt_truncated",
+        "_opt_error",
+    )
+
+
+def transform(
+    examples: DataFrame, mode: str, cfg: CotSettings, model: str, udfs: CotUdfs, partitions: int
+) -> tuple[DataFrame, DataFrame]:
+    """Examples (EXAMPLE_SCHEMA) -> (predictions in PREDICTIONS_SCHEMA, failed rows with `_error`, `_stage`).
+
+    Pure: no reads or writes. Model outputs are persisted so no UDF runs twice for a row.
+    """
+    suffix = cfg.direct_suffix if mode == "direct" else cfg.cot_trigger
+    base = examples.withColumn(KEY, _key()).withColumn(S.PROMPT, F.concat(F.col(S.SOURCE), F.lit(suffix)))
+    cls = base.where(F.col(S.OPTIONS).isNotNull() & (F.size(S.OPTIONS) > 0))
+    gen = base.where(F.col(S.OPTIONS).isNull() | (F.size(S.OPTIONS) == 0))
+
+    # Classification: the prefix between prompt and options is empty (Direct) or rationale + join (CoT).
+    if mode == "direct":
+        cls_in = cls.withColumn("prefix", F.lit("")).withColumn(S.RATIONALE, F.lit(None).cast("string"))
+        cls_in = cls_in.withColumn("_gen_error", F.lit(None).cast("string")).withColumn("_gen_truncated", F.lit(False))
+    else:
+        drafted = cls.repartition(partitions, KEY).withColumn("g", udfs.rationale(S.PROMPT)).persist()
+        cls_in = (
+            drafted.withColumn(S.RATIONALE, _rationale_of(cfg.indicators)(F.col("g.text")))
+            .withColumn("prefix", F.concat(F.coalesce(F.col(S.RATIONALE), F.lit("")), F.lit(cfg.answer_join)))
+            .withColumn("_gen_error", F.col("g.error"))
+            .withColumn("_gen_truncated", F.coalesce(F.col("g.truncated"), F.lit(False)))
+            .drop("g")
+        )
+    ok_cls = cls_in.where(F.col("_gen_error").isNull())
+    scored = score_classification(ok_cls, udfs.options, cfg.score, partitions).persist()
+    cls_out = ok_cls.join(scored, KEY)
+    judge_cls = _judge(False)
+    cls_pred = (
+        cls_out.withColumn("_j", judge_cls(F.col("_pred"), F.col(S.GOLD)))
+        .withColumn("_jt", judge_cls(F.col("_pred_token"), F.col(S.GOLD)))
+        .withColumn("_jb", judge_cls(F.col("_pred_byte"), F.col(S.GOLD)))
+        .select(
+            *[F.col(c) for c in S.EXAMPLE_SCHEMA.fieldNames()],
+            F.col(S.PROMPT),
+            F.col(S.RATIONALE),
+            F.col("_pred").alias(S.PREDICTION),
+            F.col("_j.correct").alias(S.CORRECT),
+            F.lit(None).cast("boolean").alias(S.NUMERIC_CORRECT),
+            F.col("_jt.correct").alias(S.CORRECT_PER_TOKEN),
+            F.col("_jb.correct").alias(S.CORRECT_PER_BYTE),
+            F.col(S.OPTION_SCORES),
+            (F.col("_gen_truncated") | F.coalesce(F.col("_opt_truncated"), F.lit(False))).alias(S.TRUNCATED),
+            F.col("_opt_error").alias("_error"),
+        )
+    )
+    cls_failed = cls_in.where(F.col("_gen_error").isNotNull()).select(
+        *S.EXAMPLE_SCHEMA.fieldNames(), F.col("_gen_error").alias("_error"), F.lit("rationale_generation_failed").alias("_reason")
+    )
+
+    # Generation: Direct compares the whole output; CoT takes the text after the last indicator.
+    gen_udf = udfs.direct_generate if mode == "direct" else udfs.cot_generate
+    generated = gen.repartition(partitions, KEY).withColumn("g", gen_udf(S.PROMPT)).persist()
+    if mode == "direct":
+        answer = F.trim(F.col("g.text"))
+        rationale = F.lit(None).cast("string")
+    else:
+        answer = _answer_of(cfg.indicators, cfg.answer_until)(F.col("g.text"))
+        rationale = F.col("g.text")
+    judged = generated.withColumn(S.PREDICTION, answer).withColumn(S.RATIONALE, rationale)
+    judged = judged.withColumn("_j", _judge(True)(F.col(S.PREDICTION), F.col(S.GOLD)))
+    gen_pred = judged.select(
+        *[F.col(c) for c in S.EXAMPLE_SCHEMA.fieldNames()],
+        F.col(S.PROMPT),
+        F.col(S.RATIONALE),
+        F.col(S.PREDICTION),
+        F.col("_j.correct").alias(S.CORRECT),
+        F.col("_j.numeric").alias(S.NUMERIC_CORRECT),
+        F.lit(None).cast("boolean").alias(S.CORRECT_PER_TOKEN),
+        F.lit(None).cast("boolean").alias(S.CORRECT_PER_BYTE),
+        F.lit(None).cast(S.PREDICTIONS_SCHEMA[S.OPTION_SCORES].dataType).alias(S.OPTION_SCORES),
+        F.coalesce(F.col("g.truncated"), F.lit(False)).alias(S.TRUNCATED),
+        F.col("g.error").alias("_error"),
+    )
+    both = cls_pred.unionByName(gen_pred).withColumn(S.MODE, F.lit(mode)).withColumn(S.MODEL, F.lit(model))
+    good = both.where(F.col("_error").isNull()).drop("_error")
+    failed = both.where(F.col("_error").isNotNull()).select(
+        *S.EXAMPLE_SCHEMA.fieldNames(), "_error", F.lit("scoring_failed").alias("_reason")
+    )
+    failed = failed.unionByName(cls_failed).withColumn(S.MODE, F.lit(mode))
+    return tables.conform(good, S.PREDICTIONS_SCHEMA), failed
+
+
+# ---- metrics (driver side: one row per group, small) -----------------------------------------------------
+def _bootstrap(samples: list[np.ndarray], tasks: list[int], resamples: int, confidence: float, seed: int):
+    """Percentile CI of mean over tasks of (median over the task's samples of the sample mean).
+
+    One sample per task reduces to a mean of task means (macro); one sample to the plain mean. Samples are
+    resampled independently (stratified by task/template), with scipy.stats.bootstrap.
+    """
+    from scipy.stats import bootstrap
+
+    if not samples or any(len(s) < 2 for s in samples):
+        return None, None
+    groups = sorted(set(tasks))
+
+    def stat(*arrays: np.ndarray, axis: int = -1) -> np.ndarray:
+        means = [a.mean(axis=axis) for a in arrays]
+        per_task = [np.median(np.stack([m for m, t in zip(means, tasks, strict=True) if t == g]), axis=0) for g in groups]
+        return np.mean(np.stack(per_task), axis=0)
+
+    if all(np.all(s == s[0]) for s in samples) and len({float(s[0]) for s in samples}) == 1:
+        value = float(samples[0][0])  # no spread: every resample gives the same value
+        return value, value
+    res = bootstrap(
+        tuple(samples), stat, n_resamples=resamples, confidence_level=confidence, method="percentile",
+        vectorized=True, paired=False, batch=max(1, 20_000_000 // max(1, sum(len(s) for s in samples))),
+        rng=np.random.default_rng(seed),
+    )  # fmt: skip
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def compute_metrics(pred: pd.DataFrame, resamples: int = 1000, confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """Predictions (dataset, task, template, mode, model, correct, numeric_correct, correct_per_*) -> metric rows.
+
+    Per template and per task; per dataset the macro mean over tasks (a templated task counts with its
+    median over templates, as T0 reports) and the micro mean over rows; bootstrap CIs beside each value.
+    """
+    columns = {
+        "accuracy": S.CORRECT,
+        "numeric_match": S.NUMERIC_CORRECT,
+        "acc_norm_token": S.CORRECT_PER_TOKEN,
+        "acc_norm_byte": S.CORRECT_PER_BYTE,
+    }
+    out: list[dict[str, Any]] = []
+    for (dataset, mode, model), part in pred.groupby([S.DATASET, S.MODE, S.MODEL], sort=True):
+        for metric, column in columns.items():
+            rows = part[part[column].notna()]
+            if rows.empty:
+                continue
+
+            def add(aggregate: str, group: str, samples: list[np.ndarray], tasks: list[int], value: float,
+                    ids: tuple[str, str, str, str] = (dataset, mode, model, metric)) -> None:  # fmt: skip
+                low, high = _bootstrap(samples, tasks, resamples, confidence, seed)
+                dataset_, mode_, model_, metric_ = ids
+                out.append({S.DATASET: dataset_, S.MODE: mode_, S.MODEL: model_, S.AGGREGATE: aggregate,
+                            S.GROUP: group, S.METRIC_NAME: metric_, S.VALUE: value, S.CI_LOW: low,
+                            S.CI_HIGH: high, S.N: int(sum(len(s) for s in samples))})  # fmt: skip
+
+            samples: list[np.ndarray] = []
+            owners: list[int] = []
+            task_values: list[float] = []
+            for t_index, (task, trows) in enumerate(rows.groupby(S.TASK, sort=True)):
+                values = trows[column].astype(float).to_numpy()
+                templated = trows[S.TEMPLATE].notna()
+                add("task", task, [values], [0], float(values.mean()))
+                if templated.any():
+                    per_template = []
+                    t_samples = []
+                    for template, prows in trows[templated].groupby(S.TEMPLATE, sort=True):
+                        v = prows[column].astype(float).to_numpy()
+                        add("template", f"{task}/{template}", [v], [0], float(v.mean()))
+                        per_template.append(float(v.mean()))
+                        t_samples.append(v)
+                    add("median_template", task, t_samples, [0] * len(t_samples), float(np.median(per_template)))
+                    samples += t_samples
+                    owners += [t_index] * len(t_samples)
+                    task_values.append(float(np.median(per_template)))
+                else:
+                    samples.append(values)
+                    owners.append(t_index)
+                    task_values.append(float(values.mean()))
+            add("macro", "*", samples, owners, float(np.mean(task_values)))
+            all_values = rows[column].astype(float).to_numpy()
+            add("micro", "*", [all_values], [0], float(all_values.mean()))
+    return pd.DataFrame(out, columns=[f.name for f in S.METRICS_SCHEMA.fields if f.name not in (S.RUN_ID, S.COMPUTED_AT)])
+
+
+# ---- reads and writes ------------------------------------------------------------------------------------
+def _upsert_null_safe(spark: SparkSession, df: DataFrame, path: str, schema: StructType, keys: Sequence[str]) -> None:
+    # `template` is a nullable key; tables.upsert's `=` would never match a null and insert duplicates.
+    table = tables.ensure(spark, path, schema)
+    condition = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
+    (
+        table.alias("t")
+        .merge(tables.conform(df, schema).alias("s"), condition)
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+
+
+def metrics_frame(spark: SparkSession, metrics: pd.DataFrame, run_id: str | None) -> DataFrame:
+    schema = StructType([f for f in S.METRICS_SCHEMA.fields if f.name not in (S.RUN_ID, S.COMPUTED_AT)])
+    records = [
+        tuple(None if isinstance(v, float) and np.isnan(v) else v for v in row)
+        for row in metrics[schema.fieldNames()].itertuples(index=False, name=None)
+    ]
+    df = spark.createDataFrame(records, schema)
+    return df.withColumn(S.RUN_ID, F.lit(run_id).cast("string")).withColumn(S.COMPUTED_AT, F.current_timestamp())
+
+
+def examples_frame(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
+    frame = pd.DataFrame(rows, columns=S.EXAMPLE_SCHEMA.fieldNames())
+    return spark.createDataFrame(frame, S.EXAMPLE_SCHEMA)
+
+
+def _reject_rows(spark: SparkSession, rejects: list[Reject], run_id: str | None) -> DataFrame:
+    data = [(r.reason, r.detail, r.raw, r.source) for r in rejects]
+    df = spark.createDataFrame(data, "reason string, detail string, raw string, source string")
+    return tables.quarantine_rows(
+        df, "cot_load", F.col("reason"), F.col("detail"), raw=F.col("raw"), source=F.col("source"), run_id=run_id
+    )
+
+
+def run(
+    spark: SparkSession, settings: Settings, run_id: str | None = None, udfs: CotUdfs | None = None
+) -> dict[str, Any]:
+    """Evaluate the configured datasets in every mode; returns counts, timings and the metrics frame."""
+    from udfs.runtime import check_available
+
+    cfg = settings.cot
+    check_available(settings.models.cot.path, "cot")  # fail before any table is touched
+    rows, rejects, counts = load_examples(cfg)
+    if rejects:
+        tables.append_quarantine(spark, settings, _reject_rows(spark, rejects, run_id))
+    udfs = udfs or build_udfs(settings)
+    partitions = cfg.partitions or settings.spark.shuffle_partitions
+    examples = examples_frame(spark, rows).persist()
+    model = settings.models.cot.path
+    collected = []
+    for mode in cfg.modes:
+        started = time.time()
+        pred, failed = transform(examples, mode, cfg, model, udfs, partitions)
+        pred = pred.persist()
+        failed = failed.persist()
+        n_pred, n_failed = pred.count(), failed.count()
+        counts[f"{mode}_predictions"] = n_pred
+        counts[f"{mode}_quarantined"] = n_failed
+        counts[f"{mode}_truncated"] = pred.where(F.col(S.TRUNCATED)).count()
+        counts[f"{mode}_seconds"] = round(time.time() - started, 2)
+        counts[f"{mode}_reconciled"] = int(n_pred + n_failed == len(rows))
+        _upsert_null_safe(spark, pred, settings.table("cot_predictions"), S.PREDICTIONS_SCHEMA, PRED_KEYS)
+        if n_failed:
+            tables.append_quarantine(
+                spark,
+                settings,
+                tables.quarantine_rows(
+                    failed, STAGE, F.col("_reason"), F.col("_error"), chain_id=_key(), source=F.col(S.MODE), run_id=run_id
+                ),
+            )
+        collected.append(
+            pred.select(S.DATASET, S.TASK, S.TEMPLATE, S.MODE, S.MODEL, S.CORRECT, S.NUMERIC_CORRECT,
+                        S.CORRECT_PER_TOKEN, S.CORRECT_PER_BYTE).toPandas()  # fmt: skip
+        )
+        pred.unpersist()
+        failed.unpersist()
+    examples.unpersist()
+    frame = pd.concat(collected, ignore_index=True) if collected else pd.DataFrame()
+    metrics = compute_metrics(frame, cfg.bootstrap_resamples, cfg.confidence, cfg.seed) if not frame.empty else None
+    if metrics is not None and not metrics.empty:
+        mdf = metrics_frame(spark, metrics, run_id)
+        tables.upsert(spark, mdf, settings.table("cot_metrics"), S.METRICS_SCHEMA, METRIC_KEYS)
+    counts["metrics"] = metrics
+    return counts
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    settings, _ = tables.job_args(__doc__ or "cot_eval", argv)
+    spark = build_session(settings.spark)
+    with job_run(settings, "cot_eval") as tracked:
+        result = run(spark, settings, tracked.local_id)
+        metrics: pd.DataFrame | None = result.pop("metrics")
+        tracked.log_metrics({k: v for k, v in result.items() if isinstance(v, (int, float))})
+        if metrics is not None:
+            top = metrics[metrics[S.AGGREGATE].isin(["macro", "micro"])]
+            tracked.log_metrics(
+                {f"{r[S.DATASET]}.{r[S.MODE]}.{r[S.AGGREGATE]}.{r[S.METRIC_NAME]}": r[S.VALUE] for _, r in top.iterrows()}
+            )
+            tracked.log_text("cot_metrics.csv", metrics.to_csv(index=False))
+        tracked.set_tags({"model": settings.models.cot.path, "family": settings.models.cot.family})
+        summary = {k: v for k, v in result.items() if not k.startswith("p3_template")}
+        print(f"[cot_eval] {summary} -> {settings.table('cot_predictions')}, {settings.table('cot_metrics')}")
+        if not all(result.get(f"{m}_reconciled", 1) for m in settings.cot.modes):
+            raise RuntimeError(f"cot_eval counts do not reconcile: {result}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""jobs.cot_data: BBH, MGSM and P3 loaders to the common example schema; custom JSONL; template sandbox."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from jinja2.exceptions import SecurityError
+
+from jobs import cot_data as D
+from jobs.config import PROJECT_ROOT, CotSettings, resolve_path
+from schemas import cot as S
+
+ROOT = resolve_path("../shared/data/cot")
+TEMPLATES = PROJECT_ROOT / "conf" / "p3_templates"
+LISTING = TEMPLATES / "t0_eval.yaml"
+
+
+@pytest.fixture(scope="module")
+def bbh():
+    return D.load_bbh(ROOT)
+
+
+@pytest.fixture(scope="module")
+def p3():
+    rows, skipped = D.load_p3(ROOT, TEMPLATES, LISTING, list(D.P3_RECORDS))
+    return rows, skipped
+
+
+def test_load_bbh_all_27_tasks(bbh):
+    counts = Counter(r[S.TASK] for r in bbh)
+    assert len(counts) == 27 and sum(counts.values()) == 6511
+    assert counts["causal_judgement"] == 187 and counts["penguins_in_a_table"] == 146 and counts["snarks"] == 178
+    assert set(bbh[0]) == set(S.EXAMPLE_SCHEMA.fieldNames())
+    generation = {r[S.TASK] for r in bbh if r[S.OPTIONS] is None}
+    assert generation == {"dyck_languages", "multistep_arithmetic_two", "word_sorting", "object_counting"}
+
+
+def test_load_bbh_options_and_label_sets(bbh):
+    by_task = {}
+    for r in bbh:
+        by_task.setdefault(r[S.TASK], []).append(r)
+    assert by_task["date_understanding"][0][S.OPTIONS] == ["(A)", "(B)", "(C)", "(D)", "(E)", "(F)"]
+    assert by_task["boolean_expressions"][0][S.OPTIONS] == ["True", "False"]
+    assert by_task["sports_understanding"][0][S.OPTIONS] == ["yes", "no"]
+    assert by_task["formal_fallacies"][0][S.OPTIONS] == ["valid", "invalid"]
+    assert by_task["navigate"][0][S.OPTIONS] == ["Yes", "No"]
+    assert Counter(len(r[S.OPTIONS]) for r in by_task["ruin_names"]) == {4: 247, 3: 1, 7: 1, 11: 1}
+    missing = sorted(r[S.GOLD] for r in bbh if r[S.OPTIONS] is not None and r[S.GOLD] not in r[S.OPTIONS])
+    assert missing == ["Monsters, Inc", "dearth, wind, & fire", "rita, sue and bob poo"]  # upstream defects
+
+
+def test_load_bbh_text_style_maps_gold_to_option_text():
+    rows = D.load_bbh(ROOT, ["date_understanding", "hyperbaton"], style="text")
+    first = rows[0]
+    assert first[S.OPTIONS][1] == "12/25/1937" and first[S.GOLD] == "12/25/1937"  # gold was "(B)"
+    assert all(r[S.GOLD] in r[S.OPTIONS] for r in rows)
+
+
+def test_load_mgsm_eleven_languages_integer_gold():
+    rows = D.load_mgsm(ROOT)
+    assert Counter(r[S.TASK] for r in rows) == {lang: 250 for lang in D.MGSM_LANGUAGES}
+    assert all(r[S.OPTIONS] is None and r[S.GOLD].lstrip("-").isdigit() for r in rows)
+    en = [r for r in rows if r[S.TASK] == "en"]
+    zh = [r for r in rows if r[S.TASK] == "zh"]
+    assert [r[S.GOLD] for r in en] == [r[S.GOLD] for r in zh]  # same problems, same order
+    assert en[0][S.GOLD] == "18" and en[0][S.SOURCE].startswith("Janet’s ducks lay 16 eggs")
+    assert {"2125", "114200", "276000", "5600"} <= {r[S.GOLD] for r in en}  # thousands separators removed
+
+
+def test_load_p3_counts_per_task_and_template(p3):
+    rows, skipped = p3
+    per_task = Counter(r[S.TASK] for r in rows)
+    templates = Counter((r[S.TASK], r[S.TEMPLATE]) for r in rows)
+    n_templates = Counter(task for task, _ in templates)
+    assert n_templates == {"anli_r1": 15, "anli_r2": 15, "anli_r3": 15, "cb": 15, "copa": 12, "rte": 10, "wic": 10,
+                           "wsc": 10, "winogrande": 5, "story_cloze": 5}  # fmt: skip
+    assert per_task["rte"] == 277 * 10 and per_task["cb"] == 56 * 15 and per_task["wic"] == 638 * 10
+    assert per_task["anli_r3"] == 1198 * 15 and per_task["story_cloze"] == 1871 * 5
+    assert per_task["winogrande"] == 1267 * 5 and per_task["wsc"] == 104 * 10
+    # COPA: 8 templates fit both question kinds, 2 only effects (48 rows), 2 only causes (52 rows).
+    assert per_task["copa"] == 8 * 100 + 2 * 48 + 2 * 52 and skipped == {"copa": 200}
+    assert all(r[S.GOLD] in r[S.OPTIONS] and r[S.SOURCE] for r in rows)
+
+
+def _find(rows, task, template, example_id):
+    return next(r for r in rows if (r[S.TASK], r[S.TEMPLATE], r[S.EXAMPLE_ID]) == (task, template, example_id))
+
+
+def test_load_p3_renders_promptsource_templates(p3):
+    rows, _ = p3
+    rte = _find(rows, "rte", "GPT-3 style", "0")
+    assert rte[S.SOURCE] == (
+        "Dana Reeve, the widow of the actor Christopher Reeve, has died of lung cancer at age 44, according to the "
+        "Christopher Reeve Foundation.\nQuestion: Christopher Reeve had an accident. True or False?"
+    )
+    assert (rte[S.OPTIONS], rte[S.GOLD]) == (["True", "False"], "False")
+    copa = _find(rows, "copa", "choose", "0")  # rebuilt from MosaicML's "query, therefore" form
+    assert copa[S.SOURCE] == (
+        "The man turned on the faucet.  so... \nChoose between:\n- The toilet filled with water.\n"
+        "- Water flowed from the spout."
+    )
+    assert copa[S.GOLD] == "Water flowed from the spout."
+    wino = _find(rows, "winogrande", "stand for", "0")
+    assert wino[S.SOURCE] == (
+        "In the sentence below, does the _ stand for Sarah or Maria?\n"
+        "Sarah was a much better surgeon than Maria so _ always got the easier cases."
+    )
+    assert (wino[S.OPTIONS], wino[S.GOLD]) == (["Sarah", "Maria"], "Maria")
+    wic = _find(rows, "wic", "similar-sense", "0")  # detokenised like SuperGLUE
+    assert wic[S.SOURCE] == "Room and board.\nHe nailed boards across the windows.\nSimilar sense of board?"
+    anli = _find(rows, "anli_r1", "GPT-3 style", "0")
+    assert anli[S.OPTIONS] == ["True", "Neither", "False"] and anli[S.GOLD] == "False"  # gold_label c
+    cb = _find(rows, "cb", "always/sometimes/never", "0")
+    assert cb[S.GOLD] == "Never"  # contradiction -> index 1 of Always/Never/Sometimes
+
+
+def test_records_rebuild_hf_fields():
+    copa = D.copa_records(ROOT)
+    assert copa[0] == {"idx": 0, "premise": "The man turned on the faucet.", "question": "effect",
+                       "choice1": "The toilet filled with water.", "choice2": "Water flowed from the spout.",
+                       "label": 1}  # fmt: skip
+    assert Counter(r["question"] for r in copa) == {"effect": 48, "cause": 52}
+    wino = D.winogrande_records(ROOT)
+    assert wino[2]["sentence"] == "They were worried the wine would ruin the bed and the blanket, but the _ was't ruined."
+    assert (wino[2]["option1"], wino[2]["option2"]) == ("blanket", "bed")
+    wsc = D.wsc_records(ROOT)
+    fixed = next(r for r in wsc if r["idx"] == 42)  # upstream span2_index 30 points at "use", "it" is at 31
+    assert fixed["span2_index"] == 31 and fixed["text"].split(" ")[31] == "it"
+
+
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [
+        ("Room and board .", "Room and board."),
+        ("He did n't go , did he ?", "He didn't go, did he?"),
+        ("The boy 's toy ( red ) .", "The boy's toy (red)."),
+    ],
+)
+def test_detokenize(raw, clean):
+    assert D.detokenize(raw) == clean
+
+
+def test_render_is_sandboxed():
+    env = D._environment(0)
+    evil = D.PromptTemplate("evil", "{{ ''.__class__.__mro__[1].__subclasses__() }}", None)
+    with pytest.raises(SecurityError):
+        D.render(env, evil, {})
+
+
+def test_load_custom_keeps_valid_rows_and_rejects_the_rest(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    good = {"dataset": "d", "task": "t", "example_id": "1", "source": "Q?", "options": ["a", "b"], "gold": "a"}
+    lines = [
+        json.dumps(good),
+        json.dumps({**good, "example_id": "2", "options": None, "gold": 7}),  # generation, numeric gold
+        "{not json",
+        json.dumps({**good, "example_id": "3", "source": None}),
+        json.dumps({**good, "example_id": "4", "gold": "c"}),
+        json.dumps(good),
+        "",
+    ]
+    path.write_text("\n".join(lines))
+    rows, rejects = D.load_custom(path)
+    assert [(r[S.EXAMPLE_ID], r[S.OPTIONS], r[S.GOLD], r[S.TEMPLATE]) for r in rows] == [
+        ("1", ["a", "b"], "a", None),
+        ("2", None, "7", None),
+    ]
+    assert [r.reason for r in rejects] == ["invalid_json", "invalid_example", "invalid_example", "duplicate_example"]
+    assert rejects[1].detail == "missing fields: source" and rejects[0].source.endswith("mine.jsonl:3")
+
+
+def test_load_examples_custom_only_and_head():
+    cfg = CotSettings(datasets=[], custom_path="tests/data/cot_custom.jsonl", max_examples_per_task=1)
+    rows, rejects, counts = D.load_examples(cfg)
+    assert [(r[S.TASK], r[S.EXAMPLE_ID]) for r in rows] == [("capitals", "1"), ("sums", "1"), ("yesno", "1")]
+    assert [r.reason for r in rejects] == ["invalid_example"]  # gold "maybe" is not an option
+    assert counts["examples"] == 3 and counts["rejected"] == 1
+
+
+def test_load_examples_unknown_task_names_the_problem():
+    with pytest.raises(D.DataError, match="unknown BBH task"):
+        D.load_examples(CotSettings(datasets=["bbh"], bbh_tasks=["nope"]))

@@ -1,0 +1,385 @@
+"""Option scoring with a shared prompt: (prompt, prefix, options) -> log-likelihood of every option (plain torch).
+
+Every option of an example continues the same prompt, so the prompt is encoded once per example and reused:
+- encoder-decoder: the encoder runs once per prompt; each option row reuses its encoder output, the decoder
+  reads `prefix + option` and only the option tokens are scored;
+- decoder-only: `prompt + prefix` runs once with the key/value cache on; each option row continues from a
+  copy of its example's cache, and the first option token is scored from the prompt pass's last logits.
+Numbers equal `udfs.loglik.score` on (prompt + prefix, option) pairs (same tokenisation: source and target
+encoded separately, EOS never scored) whenever nothing is truncated. Under truncation the shared prompt is cut
+from the left to fit the LONGEST option, so all options of an example see the same context.
+
+The Spark side (`options_udf`) takes exploded (prompt, prefix, option) rows sorted by example and scores the
+rows of one example together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Tuple  # noqa: UP035 (pandas_udf type hints need typing.Tuple)
+
+import pandas as pd
+import torch
+
+from udfs.loglik import IGNORE, _start_id, pad_id, token_logprobs
+from udfs.loglik import score as loglik_score
+
+
+@dataclass(frozen=True)
+class OptionScore:
+    sum_logprob: float
+    n_tokens: int
+    n_bytes: int
+    truncated: bool = False
+
+    # An empty option has log-probability 0 however it is normalised (never NaN, which sorts above all).
+    @property
+    def per_token(self) -> float:
+        return self.sum_logprob / self.n_tokens if self.n_tokens else 0.0
+
+    @property
+    def per_byte(self) -> float:
+        return self.sum_logprob / self.n_bytes if self.n_bytes else 0.0
+
+
+def _n_bytes(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+@dataclass
+class _Example:
+    context: list[int]  # causal: prompt + prefix; seq2seq: encoder ids
+    prefix: list[int]  # seq2seq decoder prefix (empty for causal)
+    options: list[list[int]]
+    truncated: bool
+
+
+def _encode(
+    tokenizer: Any, family: str, prompts: Sequence[str], prefixes: Sequence[str], options: Sequence[Sequence[str]],
+    max_length: int,
+) -> list[_Example]:  # fmt: skip
+    flat = [o for opts in options for o in opts]
+    opt_ids = tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
+    if family == "causal":
+        ctx_ids = tokenizer([p + x for p, x in zip(prompts, prefixes, strict=True)], add_special_tokens=False)["input_ids"]
+        pre_ids: list[list[int]] = [[] for _ in prompts]
+    else:
+        ctx_ids = tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
+        pre_ids = tokenizer(list(prefixes), add_special_tokens=False)["input_ids"] if any(prefixes) else [
+            [] for _ in prompts
+        ]
+    out: list[_Example] = []
+    cursor = 0
+    for i, opts in enumerate(options):
+        ids = [list(t) for t in opt_ids[cursor : cursor + len(opts)]]
+        cursor += len(opts)
+        ctx, pre, cut = list(ctx_ids[i]), list(pre_ids[i]), False
+        if family == "causal":
+            if not ctx:
+                ctx = [_start_id(tokenizer)]
+            cap = max_length - 1
+            if any(len(t) > cap for t in ids):
+                ids, cut = [t[:cap] for t in ids], True
+            room = max_length - max((len(t) for t in ids), default=0)
+            if len(ctx) > room:
+                ctx, cut = ctx[len(ctx) - room :], True
+        else:
+            if len(ctx) > max_length:
+                ctx, cut = ctx[len(ctx) - max_length :], True
+            if any(len(t) > max_length for t in ids):
+                ids, cut = [t[:max_length] for t in ids], True
+            room = max_length - max((len(t) for t in ids), default=0)
+            if len(pre) > room:
+                pre, cut = pre[len(pre) - room :], True
+        out.append(_Example(ctx, pre, ids, cut))
+    return out
+
+
+def _batches(lengths: Sequence[int], size: int) -> list[list[int]]:
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+def _select_cache(cache: Any, index: torch.Tensor, config: Any) -> Any:
+    """A new cache holding rows `index` of `cache` (rows may repeat); the original stays untouched."""
+    from transformers import DynamicCache
+
+    data = [(layer.keys.index_select(0, index), layer.values.index_select(0, index)) for layer in cache.layers]
+    return DynamicCache(ddp_cache_data=data, config=config)
+
+
+@torch.inference_mode()
+def _causal(model: Any, tokenizer: Any, examples: list[_Example], batch_size: int, device: str) -> list[list[float]]:
+    pad = pad_id(tokenizer)
+    sums: list[list[float]] = [[0.0] * len(e.options) for e in examples]
+    for group in _batches([len(e.context) for e in examples], batch_size):
+        width = max(len(examples[i].context) for i in group)
+        ids = torch.full((len(group), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(group), width), dtype=torch.long)
+        for b, i in enumerate(group):  # left padding: every context ends in the last column
+            ctx = examples[i].context
+            ids[b, width - len(ctx) :] = torch.tensor(ctx)
+            mask[b, width - len(ctx) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
+        kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "use_cache": True}
+        try:
+            # Only the last position scores anything here: skip the vocabulary-wide head elsewhere.
+            out = model(**kwargs, logits_to_keep=1)
+        except TypeError:  # architectures without logits_to_keep
+            out = model(**kwargs)
+        first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # scores each option's first token
+        cache = out.cache
+        lengths = mask.sum(-1)
+        rows = [(b, k) for b, i in enumerate(group) for k, t in enumerate(examples[i].options) if t]
+        for b, k in rows:
+            sums[group[b]][k] = float(first[b, examples[group[b]].options[k][0]])
+        rows = [(b, k) for b, k in rows if len(examples[group[b]].options[k]) > 1]
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            opts = [examples[group[b]].options[k] for b, k in chunk]
+            t_width = max(len(t) for t in opts) - 1
+            inp = torch.full((len(chunk), t_width), pad, dtype=torch.long)
+            labels = torch.zeros((len(chunk), t_width), dtype=torch.long)
+            lmask = torch.zeros((len(chunk), t_width), dtype=torch.bool)
+            for r, t in enumerate(opts):  # option tokens 1..n-1 predict tokens 2..n
+                inp[r, : len(t) - 1] = torch.tensor(t[:-1])
+                labels[r, : len(t) - 1] = torch.tensor(t[1:])
+                lmask[r, : len(t) - 1] = True
+            index = torch.tensor([b for b, _ in chunk], device=device)
+            attn = torch.cat([mask.index_select(0, index), lmask.long().to(device)], dim=1)
+            pos = lengths.index_select(0, index).unsqueeze(1) + torch.arange(t_width, device=device)
+            step = model(
+                input_ids=inp.to(device),
+                attention_mask=attn,
+                position_ids=pos,
+                cache=_select_cache(cache, index, model.config),
+                use_cache=True,
+            )
+            logp = token_logprobs(step.logits, labels.to(device), lmask.to(device)).sum(-1).double().cpu().tolist()
+            for (b, k), total in zip(chunk, logp, strict=True):
+                sums[group[b]][k] += total
+    return sums
+
+
+@torch.inference_mode()
+def _seq2seq(model: Any, tokenizer: Any, examples: list[_Example], batch_size: int, device: str) -> list[list[float]]:
+    from transformers.modeling_outputs import BaseModelOutput
+
+    from udfs.loglik import _decoder_inputs
+
+    pad = pad_id(tokenizer)
+    sums: list[list[float]] = [[0.0] * len(e.options) for e in examples]
+    encoder = model.get_encoder()
+    for group in _batches([len(e.context) for e in examples], batch_size):
+        width = max(len(examples[i].context) for i in group)
+        ids = torch.full((len(group), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(group), width), dtype=torch.long)
+        for b, i in enumerate(group):
+            ctx = examples[i].context
+            ids[b, : len(ctx)] = torch.tensor(ctx)
+            mask[b, : len(ctx)] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        hidden = encoder(input_ids=ids, attention_mask=mask).last_hidden_state  # once per prompt
+        rows = [(b, k) for b, i in enumerate(group) for k, t in enumerate(examples[i].options) if t]
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            seqs = [(examples[group[b]].prefix, examples[group[b]].options[k]) for b, k in chunk]
+            t_width = max(len(p) + len(t) for p, t in seqs)
+            labels = torch.full((len(chunk), t_width), IGNORE, dtype=torch.long)
+            scored = torch.zeros((len(chunk), t_width), dtype=torch.bool)
+            for r, (p, t) in enumerate(seqs):
+                labels[r, : len(p) + len(t)] = torch.tensor(p + t)
+                scored[r, len(p) : len(p) + len(t)] = True  # the prefix conditions, only the option counts
+            index = torch.tensor([b for b, _ in chunk], device=device)
+            labels = labels.to(device)
+            out = model(
+                encoder_outputs=BaseModelOutput(last_hidden_state=hidden.index_select(0, index)),
+                attention_mask=mask.index_select(0, index),
+                decoder_input_ids=_decoder_inputs(model, labels),
+                use_cache=False,
+            )
+            logp = token_logprobs(out.logits, labels, scored.to(device)).sum(-1).double().cpu().tolist()
+            for (b, k), total in zip(chunk, logp, strict=True):
+                sums[group[b]][k] = total
+    return sums
+
+
+def score_options(
+    model: Any,
+    tokenizer: Any,
+    family: str,
+    prompts: Sequence[str],
+    options: Sequence[Sequence[str]],
+    prefixes: Sequence[str] | None = None,
+    batch_size: int = 32,
+    max_length: int = 512,
+    device: str = "cpu",
+) -> list[list[OptionScore]]:
+    """Log-likelihood of every option of every example, the prompt encoded once per example.
+
+    `prefixes` (CoT: rationale + "\\n[ANSWER] ") sit between prompt and option: appended to the context of a
+    causal LM, the decoder's first tokens for a seq2seq model; they condition but are not scored.
+    Examples may have different numbers of options. Results come back in input order.
+    """
+    if family not in ("causal", "seq2seq"):
+        raise ValueError(f"family must be causal or seq2seq, got {family!r}")
+    if len(prompts) != len(options):
+        raise ValueError(f"{len(prompts)} prompts but {len(options)} option lists")
+    prefixes = list(prefixes) if prefixes is not None else [""] * len(prompts)
+    examples = _encode(tokenizer, family, prompts, prefixes, options, max_length)
+    run = _causal if family == "causal" else _seq2seq
+    sums = run(model, tokenizer, examples, batch_size, device)
+    return [
+        [
+            OptionScore(sums[i][k] if e.options[k] else 0.0, len(e.options[k]), _n_bytes(options[i][k]), e.truncated)
+            for k in range(len(e.options))
+        ]
+        for i, e in enumerate(examples)
+    ]
+
+
+def score_options_separately(
+    model: Any,
+    tokenizer: Any,
+    family: str,
+    prompts: Sequence[str],
+    options: Sequence[Sequence[str]],
+    prefixes: Sequence[str] | None = None,
+    batch_size: int = 32,
+    max_length: int = 512,
+    device: str = "cpu",
+) -> list[list[OptionScore]]:
+    """Every (prompt + prefix, option) pair scored on its own by `udfs.loglik.score` (no sharing).
+
+    The reference the shared path must equal; for seq2seq it supports only empty prefixes (loglik has no
+    decoder prefix).
+    """
+    prefixes = list(prefixes) if prefixes is not None else [""] * len(prompts)
+    if family == "seq2seq" and any(prefixes):
+        raise ValueError("seq2seq separate scoring has no decoder prefix; use score_options")
+    sources = [p + x for p, x, opts in zip(prompts, prefixes, options, strict=True) for _ in opts]
+    targets = [o for opts in options for o in opts]
+    side = "left" if family == "causal" else "right"
+    flat = loglik_score(model, tokenizer, family, sources, targets, batch_size, max_length, device, side)
+    out, cursor = [], 0
+    for opts in options:
+        part = flat[cursor : cursor + len(opts)]
+        cursor += len(opts)
+        out.append([OptionScore(s.sum_logprob, s.n_tokens, _n_bytes(o), s.truncated) for s, o in zip(part, opts, strict=True)])
+    return out
+
+
+# --- Spark -------------------------------------------------------------------------------------------------
+
+UDF_FIELDS = "sum_logprob double, n_tokens int, n_bytes int, truncated boolean, error string"
+_COLUMNS = ["sum_logprob", "n_tokens", "n_bytes", "truncated", "error"]
+
+OptionScoreFn = Callable[[Sequence[str], Sequence[Sequence[str]], Sequence[str]], list[list[OptionScore]]]
+
+
+def model_options_factory(
+    path: str,
+    family: str,
+    device: str = "auto",
+    dtype: str = "auto",
+    revision: str | None = None,
+    batch_size: int = 32,
+    max_length: int = 512,
+    torch_threads: int | None = None,
+    trust_remote_code: bool = False,
+    share_prompt: bool = True,
+) -> Callable[[], OptionScoreFn]:
+    """Picklable factory: on the executor, load the model once per worker and return an option scorer."""
+
+    def factory() -> OptionScoreFn:
+        from udfs import runtime
+
+        runtime.quiet()
+        runtime.set_threads(torch_threads or _task_cpus())
+        dev = runtime.task_device(device)
+        model, tok = runtime.load_model(path, family, dev, dtype, revision, trust_remote_code)
+        fn = score_options if share_prompt else score_options_separately
+
+        def scorer(prompts, options, prefixes):
+            return fn(model, tok, family, prompts, options, prefixes, batch_size, max_length, dev)
+
+        return scorer
+
+    return factory
+
+
+def _task_cpus() -> int | None:
+    try:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        return ctx.cpus() if ctx is not None else None
+    except Exception:
+        return None
+
+
+def group_rows(prompts: Sequence[str], prefixes: Sequence[str]) -> list[tuple[int, int]]:
+    """[start, end) runs of consecutive rows sharing (prompt, prefix): the options of one example."""
+    runs: list[tuple[int, int]] = []
+    start = 0
+    for i in range(1, len(prompts) + 1):
+        if i == len(prompts) or prompts[i] != prompts[start] or prefixes[i] != prefixes[start]:
+            runs.append((start, i))
+            start = i
+    return runs if prompts else []
+
+
+def score_rows(
+    scorer: OptionScoreFn, prompts: Sequence[str], prefixes: Sequence[str], options: Sequence[str], on_error: str
+) -> pd.DataFrame:
+    """One output row per input (prompt, prefix, option) row; consecutive rows of one example share the prompt."""
+    runs = group_rows(prompts, prefixes)
+
+    def frame(scored: list[list[OptionScore]], chosen: list[tuple[int, int]]) -> list[dict]:
+        rows = []
+        for _run, scores in zip(chosen, scored, strict=True):
+            rows += [{"sum_logprob": s.sum_logprob, "n_tokens": s.n_tokens, "n_bytes": s.n_bytes,
+                      "truncated": s.truncated, "error": None} for s in scores]  # fmt: skip
+        return rows
+
+    def call(chosen: list[tuple[int, int]]) -> list[list[OptionScore]]:
+        return scorer(
+            [prompts[s] for s, _ in chosen], [list(options[s:e]) for s, e in chosen], [prefixes[s] for s, _ in chosen]
+        )
+
+    try:
+        rows = frame(call(runs), runs)
+    except Exception:
+        if on_error == "fail":
+            raise
+        rows = []
+        for run in runs:  # one bad example must not fail its neighbours
+            try:
+                rows += frame(call([run]), [run])
+            except Exception as err:
+                msg = f"{type(err).__name__}: {err}"[:2000]
+                rows += [{"sum_logprob": None, "n_tokens": None, "n_bytes": None, "truncated": None, "error": msg}
+                         for _ in range(run[1] - run[0])]  # fmt: skip
+    out = pd.DataFrame(rows, columns=_COLUMNS)
+    return out.astype({"n_tokens": "Int32", "n_bytes": "Int32", "truncated": "boolean"})
+
+
+def options_udf(factory: Callable[[], OptionScoreFn], on_error: str = "fail"):
+    """Iterator pandas UDF over (prompt, prefix, option) -> struct; build once and reuse.
+
+    Rows must arrive sorted so that an example's options are consecutive (the job sorts within partitions);
+    an example split across two Arrow batches is still scored correctly, its prompt just runs twice.
+    """
+    from pyspark.sql.functions import pandas_udf
+
+    @pandas_udf(UDF_FIELDS)
+    def option_scores(batches: Iterator[Tuple[pd.Series, pd.Series, pd.Series]]) -> Iterator[pd.DataFrame]:  # noqa: UP006
+        scorer = factory()
+        for prompts, prefixes, options in batches:
+            yield score_rows(
+                scorer, prompts.fillna("").tolist(), prefixes.fillna("").tolist(), options.fillna("").tolist(), on_error
+            )
+
+    return option_scores
