@@ -12,7 +12,8 @@ CI_LOW = "ci_low"
 CI_HIGH = "ci_high"
 N = "n"
 N_ERRORS = "n_errors"  # rows with label 0 (binary labels) or below the max rating
-METHOD = "method"  # scipy | spark_auc
+METHOD = "method"  # scipy (point estimate; CI: label-stratified bootstrap) | spark_auc (CI: DeLong)
+CONFIG_HASH = "config_hash"  # scoring hash of the ReCEval scores evaluated (baseline rows share the run's)
 RUN_ID = "run_id"
 COMPUTED_AT = "computed_at"
 
@@ -27,6 +28,7 @@ SCHEMA = StructType(
         StructField(N, LongType(), False),
         StructField(N_ERRORS, LongType(), False),
         StructField(METHOD, StringType(), False),
+        StructField(CONFIG_HASH, StringType(), False),
         StructField(RUN_ID, StringType(), True),
         StructField(COMPUTED_AT, TimestampType(), True),
     ]

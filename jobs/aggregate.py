@@ -1,0 +1,100 @@
+"""`step_scores` -> `chain_scores`: per (chain, config hash) each metric's min over steps, worst step, mean, API_k.
+
+A chain is as good as its worst step (RECEVAL.md "Per chain"), so the chain score is the min; the index of
+that step (first on ties) says where the chain breaks. A metric that is null on any step of a chain (that
+step's scoring failed or has not run yet) gives a null chain score, never a min over the steps that happen
+to be there, which would flatter the chain. API_k(R) is the paper's definition: every window of k consecutive
+info_gain values sums to > 0. A chain with fewer than k steps has one window, the whole chain, so API_k is
+"sum(info_gain) > 0" for it (the window cannot be longer than the chain; an empty chain never reaches here).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from jobs import tables
+from jobs.config import Settings
+from jobs.session import build_session
+from jobs.tracking import job_run
+from schemas import chain_scores as CS
+from schemas import step_scores as SS
+
+KEYS = [CS.CHAIN_ID, CS.CONFIG_HASH]
+MODEL_COLS = [CS.NLI_MODEL, CS.PVI_MODEL, CS.PVI_NULL_MODEL, CS.IG_MODEL]
+
+
+def _metric_aggs(metric: str) -> list[Column]:
+    value = F.col(metric)
+    nulls = F.sum(F.when(value.isNull(), 1).otherwise(0))
+    # min over struct(value, step_idx) gives the smallest value and, on ties, the smallest step index.
+    worst = F.min(F.when(value.isNotNull(), F.struct(value.alias("v"), F.col(SS.STEP_IDX).alias("i"))))
+    complete = nulls == 0
+    return [
+        F.when(complete, worst["v"]).alias(CS.min_col(metric)),
+        F.when(complete, worst["i"]).alias(CS.worst_step_col(metric)),
+        F.when(complete, F.avg(value)).alias(CS.mean_col(metric)),
+    ]
+
+
+def api_k(gains: Column, k: int) -> Column:
+    """API_k over an array of info_gain values in step order (null when the array holds a null)."""
+    n = F.size(gains)
+    window_sums = F.transform(
+        F.sequence(F.lit(1), F.greatest(n - k + 1, F.lit(1))),
+        lambda start: F.aggregate(F.slice(gains, start, k), F.lit(0.0), lambda acc, x: acc + x),
+    )
+    every = F.forall(window_sums, lambda s: s > 0)
+    return F.when(F.exists(gains, lambda x: x.isNull()), F.lit(None).cast("boolean")).otherwise(every)
+
+
+def transform(step_scores: DataFrame, settings: Settings) -> DataFrame:
+    """`step_scores` rows -> `chain_scores` rows (schema order). Pure: no reads or writes."""
+    unknown = sorted(set(settings.aggregate.api_k) - set(CS.API_KS))
+    if unknown:
+        raise ValueError(f"aggregate.api_k: {unknown} have no column in chain_scores (allowed: {CS.API_KS})")
+    grouped = step_scores.groupBy(*KEYS).agg(
+        F.count(F.lit(1)).cast("int").alias(CS.N_STEPS),
+        *[agg for m in CS.METRIC_NAMES for agg in _metric_aggs(m)],
+        # array_sort on (step_idx, gain) structs puts the gains in step order whatever the row order was.
+        F.array_sort(F.collect_list(F.struct(F.col(SS.STEP_IDX).alias("i"), F.col(SS.INFO_GAIN).alias("g"))))
+        .alias("_gains"),
+        *[F.max(c).alias(c) for c in MODEL_COLS],
+        F.max(SS.SCORED_AT).alias(CS.SCORED_AT),
+    )
+    gains = F.transform(F.col("_gains"), lambda s: s["g"])
+    out = grouped
+    for k in CS.API_KS:
+        value = api_k(gains, k) if k in settings.aggregate.api_k else F.lit(None).cast("boolean")
+        out = out.withColumn(CS.api_col(k), value)
+    return tables.conform(out, CS.SCHEMA)
+
+
+def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
+    """Aggregate every (chain, config hash) in `step_scores` into `chain_scores` (upsert: reruns are idempotent)."""
+    steps = tables.read(spark, settings.table("step_scores"), SS.SCHEMA)
+    chains = transform(steps, settings).cache()
+    counts = {
+        "chains": chains.count(),
+        "incomplete": chains.where(
+            F.greatest(*[F.col(CS.min_col(m)).isNull() for m in CS.METRIC_NAMES])
+        ).count(),
+    }
+    tables.upsert(spark, chains, settings.table("chain_scores"), CS.SCHEMA, KEYS)
+    chains.unpersist()
+    return counts
+
+
+def main(argv: list[str] | None = None) -> dict[str, int]:
+    settings, _ = tables.job_args(__doc__ or "aggregate", argv)
+    spark = build_session(settings.spark)
+    with job_run(settings, "aggregate") as tracked:
+        counts = run(spark, settings)
+        tracked.log_metrics({f"rows_{k}": v for k, v in counts.items()})
+        tracked.set_tags({"chain_scores_version": tables.version(spark, settings.table("chain_scores"))})
+        print(f"[aggregate] chains={counts['chains']} with a null metric={counts['incomplete']}")
+    return counts
+
+
+if __name__ == "__main__":
+    main()

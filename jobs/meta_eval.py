@@ -1,0 +1,265 @@
+"""`chain_scores` + `baseline_scores` joined to `chains` labels -> `meta_eval` (Somers' D with 95% CIs).
+
+Every (dataset, label, metric) group gets D(score | label): label 1 = clean (or a higher rating), scores are
+higher-is-better, so D > 0 means the metric ranks clean chains higher. Groups up to
+`meta_eval.spark_threshold` rows (and every ordinal label) are collected and computed on the driver with
+`scipy.stats.somersd(label, score)`, CI from a seeded label-stratified bootstrap; larger binary groups stay in
+Spark: D = 2*AUC - 1 from per-score-value counts (ties 1/2), CI from DeLong's variance of the AUC. A markdown
+correlation table and a heatmap PNG go to MLflow.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+from scipy import stats
+
+from jobs import tables
+from jobs.config import Settings
+from jobs.session import build_session
+from jobs.tracking import job_run
+from schemas import baseline_scores as B
+from schemas import chain_scores as CS
+from schemas import chains as C
+from schemas import meta_eval as M
+from udfs import somers
+
+GROUP_KEYS = [M.DATASET, M.LABEL, M.METRIC]
+KEYS = [*GROUP_KEYS, M.CONFIG_HASH]
+VALUE, SCORE = "label_value", "score"
+
+_RESULT = StructType(
+    [
+        StructField(M.DATASET, StringType(), False),
+        StructField(M.LABEL, StringType(), False),
+        StructField(M.METRIC, StringType(), False),
+        StructField(M.SOMERS_D, DoubleType(), True),
+        StructField(M.CI_LOW, DoubleType(), True),
+        StructField(M.CI_HIGH, DoubleType(), True),
+        StructField(M.N, LongType(), False),
+        StructField(M.N_ERRORS, LongType(), False),
+        StructField(M.METHOD, StringType(), False),
+    ]
+)
+
+
+def melt_chain_scores(chain_scores: DataFrame, metrics: Sequence[str], config_hash: str) -> DataFrame:
+    """chain_scores (one config hash) -> (chain_id, metric, score); booleans (API_k) count as 0/1."""
+    unknown = sorted(set(metrics) - set(CS.SCHEMA.fieldNames()))
+    if unknown:
+        raise ValueError(f"meta_eval.metrics: {unknown} are not chain_scores columns")
+    rows = chain_scores.where(F.col(CS.CONFIG_HASH) == config_hash)
+    pairs = F.array(*[F.struct(F.lit(m).alias("m"), F.col(m).cast("double").alias("s")) for m in metrics])
+    return rows.select(CS.CHAIN_ID, F.explode(pairs).alias("p")).select(
+        CS.CHAIN_ID, F.col("p.m").alias(M.METRIC), F.col("p.s").alias(SCORE)
+    )
+
+
+def long_frame(scores: DataFrame, chains: DataFrame, datasets: Sequence[str] | None = None) -> DataFrame:
+    """(dataset, label, metric, chain_id, label_value, score) for every labelled chain with a finite score."""
+    labels = chains.select(C.CHAIN_ID, C.DATASET, F.explode(C.LABELS).alias(M.LABEL, VALUE))
+    if datasets:
+        labels = labels.where(F.col(C.DATASET).isin(list(datasets)))
+    finite = F.col(SCORE).isNotNull() & ~F.isnan(SCORE) & (F.abs(F.col(SCORE)) != float("inf"))
+    return (
+        labels.where(F.col(VALUE).isNotNull() & ~F.isnan(VALUE))
+        .join(scores.where(finite), C.CHAIN_ID)
+        .select(F.col(C.DATASET).alias(M.DATASET), M.LABEL, M.METRIC, C.CHAIN_ID, VALUE, SCORE)
+    )
+
+
+def spark_auc(long: DataFrame, level: float = 0.95) -> DataFrame:
+    """Binary groups: D = 2*AUC - 1 (ties 1/2) and a DeLong CI, all in Spark (no collect of the rows).
+
+    Per group and distinct score v with pos(v) clean and neg(v) error rows: a clean row's placement is
+    V10 = (errors below v + neg(v)/2) / n0, an error row's is V01 = (clean above v + pos(v)/2) / n1;
+    AUC = mean V10, Var(AUC) = Var(V10)/n1 + Var(V01)/n0 (DeLong et al., 1988).
+    """
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    g = Window.partitionBy(*GROUP_KEYS)
+    below = g.orderBy(SCORE).rowsBetween(Window.unboundedPreceding, -1)
+    levels = long.groupBy(*GROUP_KEYS, SCORE).agg(
+        F.sum(F.when(F.col(VALUE) == 1, 1).otherwise(0)).cast("double").alias("pos"),
+        F.sum(F.when(F.col(VALUE) == 0, 1).otherwise(0)).cast("double").alias("neg"),
+    )
+    levels = (
+        levels.withColumn("n1", F.sum("pos").over(g))
+        .withColumn("n0", F.sum("neg").over(g))
+        .withColumn("neg_below", F.coalesce(F.sum("neg").over(below), F.lit(0.0)))
+        .withColumn("pos_below", F.coalesce(F.sum("pos").over(below), F.lit(0.0)))
+        .withColumn("v10", (F.col("neg_below") + F.col("neg") / 2) / F.col("n0"))
+        .withColumn("v01", (F.col("n1") - F.col("pos_below") - F.col("pos") + F.col("pos") / 2) / F.col("n1"))
+        .withColumn("auc", F.sum(F.col("pos") * F.col("v10")).over(g) / F.col("n1"))
+    )
+    agg = levels.groupBy(*GROUP_KEYS).agg(
+        F.first("auc").alias("auc"),
+        F.first("n1").alias("n1"),
+        F.first("n0").alias("n0"),
+        F.sum(F.col("pos") * (F.col("v10") - F.col("auc")) ** 2).alias("ss10"),
+        F.sum(F.col("neg") * (F.col("v01") - F.col("auc")) ** 2).alias("ss01"),
+        F.count(F.lit(1)).alias("distinct_scores"),
+    )
+    defined = (F.col("n1") > 0) & (F.col("n0") > 0) & (F.col("distinct_scores") > 1)
+    var = F.col("ss10") / (F.col("n1") - 1) / F.col("n1") + F.col("ss01") / (F.col("n0") - 1) / F.col("n0")
+    d = 2 * F.col("auc") - 1
+    half = 2 * z * F.sqrt(var)
+    return agg.select(
+        *GROUP_KEYS,
+        F.when(defined, d).alias(M.SOMERS_D),
+        F.when(defined & (F.col("n1") > 1) & (F.col("n0") > 1), F.greatest(d - half, F.lit(-1.0))).alias(M.CI_LOW),
+        F.when(defined & (F.col("n1") > 1) & (F.col("n0") > 1), F.least(d + half, F.lit(1.0))).alias(M.CI_HIGH),
+        (F.col("n1") + F.col("n0")).cast("long").alias(M.N),
+        F.col("n0").cast("long").alias(M.N_ERRORS),
+        F.lit("spark_auc").alias(M.METHOD),
+    )
+
+
+def driver_somers(spark: SparkSession, long: DataFrame, resamples: int, seed: int, level: float) -> DataFrame:
+    """Small or ordinal groups: collected, scipy.stats.somersd(label, score) and a stratified bootstrap CI."""
+    groups = long.groupBy(*GROUP_KEYS).agg(
+        F.collect_list(F.struct(C.CHAIN_ID, VALUE, SCORE)).alias("rows")
+    ).collect()
+    out = []
+    for g in groups:
+        # Sorted by chain id: the bootstrap draws then do not depend on Spark's collect order.
+        rows = sorted(g["rows"], key=lambda r: r[C.CHAIN_ID])
+        y = [r[VALUE] for r in rows]
+        s = [r[SCORE] for r in rows]
+        d = somers.somers_d(y, s)
+        low, high = somers.bootstrap_ci(y, s, resamples, seed, level)
+        top = max(y)
+        out.append((
+            g[M.DATASET], g[M.LABEL], g[M.METRIC],
+            None if math.isnan(d) else d, None if math.isnan(low) else low, None if math.isnan(high) else high,
+            len(y), sum(1 for v in y if (v == 0 if somers.is_binary(y) else v < top)), "scipy",
+        ))
+    return spark.createDataFrame(out, _RESULT)
+
+
+def transform(spark: SparkSession, chain_scores: DataFrame, chains: DataFrame, baseline_scores: DataFrame | None,
+              settings: Settings) -> DataFrame:
+    """Scores and labels -> `meta_eval` rows (schema order); no table reads or writes."""
+    cfg = settings.meta_eval
+    config_hash = cfg.config_hash or settings.scoring_hash()
+    scores = melt_chain_scores(chain_scores, cfg.metrics, config_hash)
+    if baseline_scores is not None and cfg.include_baselines:
+        scores = scores.unionByName(baseline_scores.select(B.CHAIN_ID, B.METRIC, B.SCORE))
+    long = long_frame(scores, chains, cfg.datasets).cache()
+    sizes = long.groupBy(*GROUP_KEYS).agg(
+        F.count(F.lit(1)).alias("_n"),
+        F.max(F.when(~F.col(VALUE).isin(0.0, 1.0), 1).otherwise(0)).alias("_ordinal"),
+    )
+    tagged = long.join(sizes, GROUP_KEYS)
+    big = (F.col("_n") > cfg.spark_threshold) & (F.col("_ordinal") == 0)
+    results = driver_somers(spark, tagged.where(~big), cfg.bootstrap_resamples, cfg.seed, cfg.ci_level)
+    results = results.unionByName(spark_auc(tagged.where(big), cfg.ci_level))
+    out = results.withColumn(M.CONFIG_HASH, F.lit(config_hash)).withColumn(M.RUN_ID, F.lit(None).cast("string"))
+    return tables.conform(out.withColumn(M.COMPUTED_AT, F.current_timestamp()), M.SCHEMA)
+
+
+# ---------------------------------------------------------------------------------------------- reports
+def _fmt(d: float | None, low: float | None, high: float | None) -> str:
+    if d is None:
+        return "n/a"
+    return f"{d:.2f} [{low:.2f}, {high:.2f}]" if low is not None and high is not None else f"{d:.2f}"
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """Metrics as rows, labels as columns, "D [CI]" cells, ROSCOE family-best rows: one table for the
+    datasets that carry a single label (the EB-challenge types side by side), one per other dataset."""
+    parts = []
+    datasets = sorted({r[M.DATASET] for r in rows})
+    single = [d for d in datasets if len({r[M.LABEL] for r in rows if r[M.DATASET] == d}) == 1]
+    groups = ([("single-label datasets", single)] if len(single) > 1 else []) + [
+        (d, [d]) for d in datasets if len(single) <= 1 or d not in single
+    ]
+    for title, members in groups:
+        mine = [r | {M.LABEL: r[M.LABEL] if len(members) == 1 else f"{r[M.DATASET]}:{r[M.LABEL]}"}
+                for r in rows if r[M.DATASET] in members]
+        dataset = title
+        labels = sorted({r[M.LABEL] for r in mine})
+        metrics = sorted({r[M.METRIC] for r in mine}, key=lambda m: (m in B.METRICS, m))
+        cell = {(r[M.METRIC], r[M.LABEL]): r for r in mine}
+        n = {lab: max(r[M.N] for r in mine if r[M.LABEL] == lab) for lab in labels}
+        errors = {lab: max(r[M.N_ERRORS] for r in mine if r[M.LABEL] == lab) for lab in labels}
+        lines = [f"### {dataset}", "", "| metric | " + " | ".join(f"{lab} (n={n[lab]}, err={errors[lab]})"
+                                                                   for lab in labels) + " |",
+                 "|---|" + "---|" * len(labels)]
+        for metric in metrics:
+            values = [cell.get((metric, lab)) for lab in labels]
+            lines.append(f"| {metric} | " + " | ".join(
+                _fmt(v[M.SOMERS_D], v[M.CI_LOW], v[M.CI_HIGH]) if v else "" for v in values) + " |")
+        for family, names in B.GROUPS.items():
+            best = []
+            for lab in labels:
+                found = [cell[(m, lab)] for m in names if (m, lab) in cell and cell[(m, lab)][M.SOMERS_D] is not None]
+                top = max(found, key=lambda r: r[M.SOMERS_D]) if found else None
+                best.append(f"{top[M.SOMERS_D]:.2f} ({top[M.METRIC].split('_', 2)[-1]})" if top else "")
+            if any(best):
+                lines.append(f"| **{family}** (best) | " + " | ".join(best) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def heatmap_png(rows: list[dict]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    columns = sorted({(r[M.DATASET], r[M.LABEL]) for r in rows})
+    metrics = sorted({r[M.METRIC] for r in rows}, key=lambda m: (m in B.METRICS, m))
+    grid = np.full((len(metrics), len(columns)), np.nan)
+    for r in rows:
+        if r[M.SOMERS_D] is not None:
+            grid[metrics.index(r[M.METRIC]), columns.index((r[M.DATASET], r[M.LABEL]))] = r[M.SOMERS_D]
+    fig, ax = plt.subplots(figsize=(1.0 + 0.7 * len(columns), 1.0 + 0.35 * len(metrics)))
+    image = ax.imshow(grid, cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(columns)), [f"{d}\n{lab}" for d, lab in columns], rotation=90, fontsize=6)
+    ax.set_yticks(range(len(metrics)), metrics, fontsize=6)
+    for i in range(len(metrics)):
+        for j in range(len(columns)):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=5)
+    fig.colorbar(image, ax=ax, label="Somers' D")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=150)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> list[dict]:
+    chain_scores = tables.read(spark, settings.table("chain_scores"), CS.SCHEMA)
+    chains = tables.read(spark, settings.table("chains"), C.SCHEMA)
+    baseline = tables.read(spark, settings.table("baseline_scores"), B.SCHEMA)
+    result = transform(spark, chain_scores, chains, baseline, settings).withColumn(M.RUN_ID, F.lit(run_id))
+    result = result.cache()
+    tables.upsert(spark, result, settings.table("meta_eval"), M.SCHEMA, KEYS)
+    rows = [r.asDict() for r in result.collect()]
+    result.unpersist()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    settings, _ = tables.job_args(__doc__ or "meta_eval", argv)
+    spark = build_session(settings.spark)
+    with job_run(settings, "meta_eval") as tracked:
+        rows = run(spark, settings, tracked.local_id)
+        table = markdown_table(rows)
+        tracked.log_text("meta_eval/correlations.md", table)
+        if rows:
+            tracked.log_bytes("meta_eval/heatmap.png", heatmap_png(rows))
+        tracked.log_metrics({"groups": len(rows)})
+        print(table)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

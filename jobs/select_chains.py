@@ -1,0 +1,138 @@
+"""`chains` (k sampled chains per question) + `chain_scores` -> answer accuracy of ReCEval-guided chain choice.
+
+Per question (chains.question_id, k taken from the data) the chain with the best ReCEval score answers;
+accuracy against the gold answer is reported beside the first sample (greedy: the smallest
+`metadata[select.greedy_key]`, else the smallest chain_id) and self-consistency (majority vote over the
+normalised answers, ties to the earliest sample). Criteria (SelectSettings): correctness = the listed
+correctness chain scores, informativeness = the listed informativeness scores; several columns in one
+criterion are combined by `combine`. Default `rank_mean`: each column becomes its percent rank among the
+question's chains and the ranks are averaged, so probabilities and nats weigh the same; "both" is the mean of
+the correctness and informativeness ranks (the paper does not publish its combination). `sum` adds raw values.
+A chain with a null score in a criterion ranks last for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from jobs import tables
+from jobs.config import SelectSettings, Settings
+from jobs.session import build_session
+from jobs.tracking import job_run
+from schemas import chain_scores as CS
+from schemas import chains as C
+
+METHOD, CORRECT, ORDER, NORM = "method", "correct", "_order", "_norm"
+GREEDY, MAJORITY = "greedy", "self_consistency"
+
+
+def normalise(answer: Column) -> Column:
+    """Lower case, no '$' or thousands commas, no trailing period: "$1,000." and "1000" compare equal."""
+    text = F.lower(F.trim(answer))
+    text = F.regexp_replace(text, r"[$,]", "")
+    return F.regexp_replace(text, r"\.+$", "")
+
+
+def same_answer(a: Column, b: Column) -> Column:
+    num_a, num_b = a.try_cast("double"), b.try_cast("double")
+    numeric = num_a.isNotNull() & num_b.isNotNull()
+    return F.coalesce(F.when(numeric, F.abs(num_a - num_b) < 1e-6).otherwise(a == b), F.lit(False))
+
+
+def _criterion(columns: Sequence[str], question: Window, combine: str) -> Column:
+    if combine == "sum":
+        return sum((F.col(c) for c in columns), F.lit(0.0))
+    ranks = [F.when(F.col(c).isNotNull(), F.percent_rank().over(question.orderBy(F.col(c).asc_nulls_first())))
+             for c in columns]
+    return sum(ranks, F.lit(0.0)) / len(columns)
+
+
+def scored_candidates(chains: DataFrame, chain_scores: DataFrame, cfg: SelectSettings, config_hash: str) -> DataFrame:
+    """Chains of questions with k >= 2 samples, with their sample order and one column per criterion."""
+    order = F.coalesce(F.col(C.METADATA)[cfg.greedy_key].try_cast("double"), F.lit(float("inf")))
+    base = chains.where(F.col(C.QUESTION_ID).isNotNull())
+    if cfg.datasets:
+        base = base.where(F.col(C.DATASET).isin(cfg.datasets))
+    wanted = sorted(set(cfg.correctness) | set(cfg.informativeness))
+    scores = chain_scores.where(F.col(CS.CONFIG_HASH) == config_hash).select(CS.CHAIN_ID, *wanted)
+    question = Window.partitionBy(C.DATASET, C.QUESTION_ID)
+    joined = (
+        base.select(C.CHAIN_ID, C.DATASET, C.QUESTION_ID, C.ANSWER, C.GOLD_ANSWER, order.alias(ORDER))
+        .join(scores, C.CHAIN_ID, "left")
+        .withColumn("_k", F.count(F.lit(1)).over(question))
+        .where(F.col("_k") >= 2)
+        .withColumn(NORM, normalise(F.col(C.ANSWER)))
+    )
+    corr = _criterion(cfg.correctness, question, cfg.combine)
+    info = _criterion(cfg.informativeness, question, cfg.combine)
+    joined = joined.withColumn("correctness", corr).withColumn("informativeness", info)
+    if cfg.combine == "sum":
+        both = F.col("correctness") + F.col("informativeness")
+    else:
+        both = (
+            F.percent_rank().over(question.orderBy(F.col("correctness").asc_nulls_first()))
+            + F.percent_rank().over(question.orderBy(F.col("informativeness").asc_nulls_first()))
+        ) / 2
+    return joined.withColumn("both", both)
+
+
+def _first(df: DataFrame, ordering: list[Column], method: str) -> DataFrame:
+    question = Window.partitionBy(C.DATASET, C.QUESTION_ID).orderBy(*ordering, F.col(ORDER), F.col(C.CHAIN_ID))
+    return (
+        df.withColumn("_pick", F.row_number().over(question))
+        .where(F.col("_pick") == 1)
+        .select(C.DATASET, C.QUESTION_ID, F.lit(method).alias(METHOD), C.CHAIN_ID, C.ANSWER, C.GOLD_ANSWER)
+    )
+
+
+def picks(chains: DataFrame, chain_scores: DataFrame, settings: Settings) -> DataFrame:
+    """One row per (question, method): the chosen chain, its answer and whether it matches the gold answer."""
+    cfg = settings.select
+    config_hash = cfg.config_hash or settings.scoring_hash()
+    cand = scored_candidates(chains, chain_scores, cfg, config_hash).cache()
+    chosen = [_first(cand, [], GREEDY)]
+    for criterion in cfg.criteria:
+        chosen.append(_first(cand, [F.col(criterion).desc_nulls_last()], criterion))
+    votes = cand.withColumn("_votes", F.count(F.lit(1)).over(Window.partitionBy(C.DATASET, C.QUESTION_ID, NORM)))
+    votes = votes.withColumn("_first_of_answer", F.min(ORDER).over(Window.partitionBy(C.DATASET, C.QUESTION_ID, NORM)))
+    chosen.append(_first(votes, [F.col("_votes").desc(), F.col("_first_of_answer")], MAJORITY))
+    out = chosen[0]
+    for part in chosen[1:]:
+        out = out.unionByName(part)
+    return out.withColumn(CORRECT, same_answer(normalise(F.col(C.ANSWER)), normalise(F.col(C.GOLD_ANSWER))))
+
+
+def accuracy(chosen: DataFrame) -> DataFrame:
+    return chosen.groupBy(C.DATASET, METHOD).agg(
+        F.count(F.lit(1)).alias("n_questions"), F.avg(F.col(CORRECT).cast("double")).alias("accuracy")
+    )
+
+
+def run(spark: SparkSession, settings: Settings) -> list[dict]:
+    chains = tables.read(spark, settings.table("chains"), C.SCHEMA)
+    scores = tables.read(spark, settings.table("chain_scores"), CS.SCHEMA)
+    return [r.asDict() for r in accuracy(picks(chains, scores, settings)).orderBy(C.DATASET, METHOD).collect()]
+
+
+def report(rows: list[dict]) -> str:
+    lines = ["| dataset | method | questions | accuracy |", "|---|---|---|---|"]
+    lines += [f"| {r[C.DATASET]} | {r[METHOD]} | {r['n_questions']} | {100 * r['accuracy']:.1f} % |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    settings, _ = tables.job_args(__doc__ or "select_chains", argv)
+    spark = build_session(settings.spark)
+    with job_run(settings, "select_chains") as tracked:
+        rows = run(spark, settings)
+        tracked.log_metrics({f"accuracy_{r[C.DATASET]}_{r[METHOD]}": r["accuracy"] for r in rows})
+        tracked.log_text("select_chains/accuracy.md", report(rows))
+        print(report(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
