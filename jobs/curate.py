@@ -1,0 +1,297 @@
+"""`chain_scores` -> `curation` (every decision) -> `curated` (passed) and `rejected` (with the failed rules).
+
+Decisions are written to `curation` in one MERGE first and copied to `curated`/`rejected` from there, so a
+run killed between the two copies finishes from the stored decisions: quantile bounds computed "over the
+run" are never recomputed over a smaller set.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, BooleanType, StringType, StructField, StructType
+
+from jobs import tables
+from jobs.config import CurationSettings, Settings
+from jobs.session import build_session
+from jobs.tracking import JobRun, job_run
+from schemas import chain_scores as CS
+from schemas import chains as C
+from schemas import curation as CU
+
+PASSED = "passed"
+DECISION_SCHEMA = StructType(
+    [
+        *CU.REJECTED_SCHEMA.fields[:3],
+        StructField(PASSED, BooleanType(), False),
+        *CU.REJECTED_SCHEMA.fields[3:],
+    ]
+)
+_NUMERIC = {f.name for f in CS.SCHEMA.fields if f.dataType.typeName() in ("double", "integer")}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One curation rule; `id` is what `rejected.failed_rules` lists."""
+
+    id: str
+    kind: str  # threshold | quantile | api_k | max_steps
+    column: str
+    bound: float | None  # the resolved lower (or, for max_steps, upper) bound
+
+    def passes(self) -> Column:
+        value = F.col(self.column)
+        if self.kind == "api_k":
+            ok = value == F.lit(True)
+        elif self.kind == "max_steps":
+            ok = value <= F.lit(self.bound)
+        elif self.bound is None:  # a quantile over an empty reference: nothing to compare against
+            ok = F.lit(False)
+        else:
+            ok = value >= F.lit(self.bound)
+        return F.coalesce(ok, F.lit(False))  # a null score never passes
+
+
+def score_column(key: str) -> str:
+    """`inter` -> `inter_min` (the chain score); a numeric chain_scores column name is taken as is."""
+    if key in CS.METRIC_NAMES:
+        return CS.min_col(key)
+    if key in _NUMERIC:
+        return key
+    raise ValueError(f"curation: {key!r} is neither a metric ({CS.METRIC_NAMES}) nor a numeric chain_scores column")
+
+
+def quantile_bounds(reference: DataFrame, cfg: CurationSettings) -> dict[str, float | None]:
+    """metric key -> the q-quantile of its score over `reference` (exact, linear interpolation, nulls ignored)."""
+    if not cfg.quantiles:
+        return {}
+    keys = sorted(cfg.quantiles)
+    row = reference.agg(
+        *[F.percentile(F.col(score_column(k)), F.lit(cfg.quantiles[k])).alias(k) for k in keys]
+    ).first()
+    return {k: (None if row is None or row[k] is None else float(row[k])) for k in keys}
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}"
+
+
+def rules(cfg: CurationSettings, bounds: dict[str, float | None] | None = None) -> list[Rule]:
+    """The configured rules in a fixed order: thresholds, quantiles, API_k, max steps (keys sorted)."""
+    bounds = bounds or {}
+    out = [
+        Rule(f"threshold:{score_column(k)}>={_fmt(v)}", "threshold", score_column(k), float(v))
+        for k, v in sorted(cfg.thresholds.items())
+    ]
+    for k, q in sorted(cfg.quantiles.items()):
+        if k not in bounds:
+            raise ValueError(f"curation: no bound computed for quantile rule {k!r}")
+        out.append(Rule(f"quantile:{score_column(k)}>=q{_fmt(q)}", "quantile", score_column(k), bounds[k]))
+    if cfg.require_api_k is not None:
+        k = cfg.require_api_k
+        if k not in CS.API_KS:
+            raise ValueError(f"curation.require_api_k: {k} has no column in chain_scores (allowed: {CS.API_KS})")
+        out.append(Rule(f"api_k:{CS.api_col(k)}", "api_k", CS.api_col(k), None))
+    if cfg.max_steps is not None:
+        out.append(Rule(f"max_steps:{CS.N_STEPS}<={cfg.max_steps}", "max_steps", CS.N_STEPS, float(cfg.max_steps)))
+    return out
+
+
+def decide(chain_scores: DataFrame, rule_list: list[Rule], rules_hash: str, run_id: str | None = None) -> DataFrame:
+    """chain_scores rows -> `curation` rows: passed, and the ids of the rules each chain failed. Pure."""
+    failed = (
+        F.filter(F.array(*[F.when(~r.passes(), F.lit(r.id)) for r in rule_list]), lambda x: x.isNotNull())
+        if rule_list
+        else F.array().cast(ArrayType(StringType()))
+    )
+    out = (
+        chain_scores.withColumn(CU.RULES_HASH, F.lit(rules_hash))
+        .withColumn(CU.FAILED_RULES, failed)
+        .withColumn(PASSED, F.size(CU.FAILED_RULES) == 0)
+        .withColumn(CU.RUN_ID, F.lit(run_id).cast("string"))
+        .withColumn(CU.CURATED_AT, F.current_timestamp())
+    )
+    return tables.conform(out, DECISION_SCHEMA)
+
+
+def transform(
+    chain_scores: DataFrame,
+    cfg: CurationSettings,
+    bounds: dict[str, float | None] | None = None,
+    run_id: str | None = None,
+) -> tuple[DataFrame, DataFrame]:
+    """chain_scores -> (curated rows, rejected rows). Quantile bounds come resolved (see `quantile_bounds`)."""
+    decisions = decide(chain_scores, rules(cfg, bounds), cfg.rules_hash(), run_id)
+    return split(decisions)
+
+
+def split(decisions: DataFrame) -> tuple[DataFrame, DataFrame]:
+    curated = tables.conform(decisions.where(F.col(PASSED)), CU.CURATED_SCHEMA)
+    rejected = tables.conform(decisions.where(~F.col(PASSED)), CU.REJECTED_SCHEMA)
+    return curated, rejected
+
+
+def rule_pass_rates(decisions: DataFrame, rule_list: list[Rule]) -> dict[str, float]:
+    """rule id -> fraction of chains passing it, plus `all` for the whole rule set."""
+    aggs = [F.avg(F.when(F.array_contains(CU.FAILED_RULES, r.id), 0.0).otherwise(1.0)).alias(r.id) for r in rule_list]
+    row = decisions.agg(F.avg(F.col(PASSED).cast("double")).alias("all"), *aggs).first()
+    return {k: float(v) for k, v in row.asDict().items() if v is not None}
+
+
+def histogram(df: DataFrame, column: str, bins: int) -> tuple[list[float], list[int]]:
+    """Equal-width histogram computed in Spark (only the bin counts reach the driver)."""
+    lo_hi = df.agg(F.min(column), F.max(column)).first()
+    if lo_hi is None or lo_hi[0] is None:
+        return [], []
+    lo, hi = float(lo_hi[0]), float(lo_hi[1])
+    width = (hi - lo) / bins if hi > lo else 1.0
+    idx = F.least(F.floor((F.col(column) - F.lit(lo)) / F.lit(width)).cast("int"), F.lit(bins - 1))
+    counts = dict(df.where(F.col(column).isNotNull()).groupBy(idx.alias("b")).count().collect())
+    return [lo + i * width for i in range(bins + 1)], [int(counts.get(i, 0)) for i in range(bins)]
+
+
+def histogram_png(column: str, edges: list[float], counts: list[int], bounds: dict[str, float]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3), dpi=100)
+    if counts:
+        ax.bar(edges[:-1], counts, width=[b - a for a, b in zip(edges[:-1], edges[1:], strict=True)], align="edge",
+               color="#4c72b0", edgecolor="white")
+    for name, value in bounds.items():
+        ax.axvline(value, color="#c44e52", linestyle="--", linewidth=1)
+        ax.annotate(name, (value, ax.get_ylim()[1] * 0.9), fontsize=7, color="#c44e52", rotation=90)
+    ax.set_title(f"{column} (chains: {sum(counts)})", fontsize=9)
+    ax.set_xlabel("score (higher is better)", fontsize=8)
+    ax.set_ylabel("chains", fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def label_agreement(decisions: DataFrame, chains: DataFrame) -> dict[str, dict[str, float]]:
+    """Precision and recall of `passed` against each binary label (1 = clean is the positive class)."""
+    labelled = decisions.join(chains.select(C.CHAIN_ID, C.LABELS), CU.CHAIN_ID).select(
+        PASSED, F.explode(C.LABELS).alias("label", "value")
+    )
+    # Only labels whose every value is 0 or 1; ordinal ratings have no single "clean" class.
+    binary = labelled.groupBy("label").agg(
+        F.sum(F.when(F.col(PASSED) & (F.col("value") == 1), 1).otherwise(0)).alias("tp"),
+        F.sum(F.when(F.col(PASSED) & (F.col("value") == 0), 1).otherwise(0)).alias("fp"),
+        F.sum(F.when(~F.col(PASSED) & (F.col("value") == 1), 1).otherwise(0)).alias("fn"),
+        F.count(F.lit(1)).alias("n"),
+        F.sum(F.when(F.col("value").isin(0.0, 1.0), 0).otherwise(1)).alias("non_binary"),
+    )
+    out: dict[str, dict[str, float]] = {}
+    for r in binary.where(F.col("non_binary") == 0).collect():
+        tp, fp, fn = r["tp"], r["fp"], r["fn"]
+        out[r["label"]] = {
+            "precision": tp / (tp + fp) if tp + fp else float("nan"),
+            "recall": tp / (tp + fn) if tp + fn else float("nan"),
+            "n": float(r["n"]),
+        }
+    return out
+
+
+def _reference(spark: SparkSession, settings: Settings, batch: DataFrame) -> DataFrame:
+    ref = settings.curation.quantile_reference
+    if ref == "run":
+        return batch
+    scores = tables.read(spark, settings.table("chain_scores"), CS.SCHEMA)
+    if ref == "all":
+        return scores.where(F.col(CS.CONFIG_HASH) == settings.scoring_hash())
+    return tables.read(spark, ref)
+
+
+@dataclass
+class CurationResult:
+    counts: dict[str, int]
+    rules: list[dict[str, Any]]
+    pass_rates: dict[str, float]
+    labels: dict[str, dict[str, float]]
+    histograms: dict[str, bytes]
+
+
+def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> CurationResult:
+    """Curate the chains scored under this config hash that the current rules have not decided yet."""
+    cfg = settings.curation
+    config_hash, rules_hash = settings.scoring_hash(), cfg.rules_hash()
+    decisions_path = settings.table("curation")
+    scores = tables.read(spark, settings.table("chain_scores"), CS.SCHEMA).where(F.col(CS.CONFIG_HASH) == config_hash)
+    decided = (
+        tables.read(spark, decisions_path, DECISION_SCHEMA)
+        .where((F.col(CU.CONFIG_HASH) == config_hash) & (F.col(CU.RULES_HASH) == rules_hash))
+        .select(CU.CHAIN_ID)
+    )
+    batch = scores.join(decided, CU.CHAIN_ID, "left_anti").persist()
+    n_batch = batch.count()
+    bounds = quantile_bounds(_reference(spark, settings, batch), cfg) if n_batch else {
+        k: None for k in cfg.quantiles
+    }
+    rule_list = rules(cfg, bounds)
+    decisions = decide(batch, rule_list, rules_hash, run_id).persist()
+    n_new = tables.insert_new(spark, decisions, decisions_path, DECISION_SCHEMA, CU.KEYS) if n_batch else 0
+    # Copy every stored decision not yet in curated/rejected: also finishes a run killed after the MERGE above.
+    stored = tables.read(spark, decisions_path, DECISION_SCHEMA).where(
+        (F.col(CU.CONFIG_HASH) == config_hash) & (F.col(CU.RULES_HASH) == rules_hash)
+    )
+    curated, rejected = split(stored)
+    n_curated = tables.insert_new(spark, curated, settings.table("curated"), CU.CURATED_SCHEMA, CU.KEYS)
+    n_rejected = tables.insert_new(spark, rejected, settings.table("rejected"), CU.REJECTED_SCHEMA, CU.KEYS)
+    this_run = stored.where(F.col(CU.RUN_ID) == F.lit(run_id)) if run_id else decisions
+    counts = {
+        "batch": n_batch,
+        "decided": n_new,
+        "curated": n_curated,
+        "rejected": n_rejected,
+        "run_passed": this_run.where(F.col(PASSED)).count(),
+        "run_failed": this_run.where(~F.col(PASSED)).count(),
+    }
+    counts["reconciled"] = int(n_batch == counts["run_passed"] + counts["run_failed"] or run_id is None)
+    pass_rates = rule_pass_rates(this_run, rule_list) if n_batch else {}
+    labels = label_agreement(this_run, tables.read(spark, settings.table("chains"), C.SCHEMA)) if n_batch else {}
+    histograms = {}
+    if n_batch:
+        for metric in CS.METRIC_NAMES:
+            column = CS.min_col(metric)
+            edges, hist = histogram(this_run, column, cfg.histogram_bins)
+            marks = {r.id: r.bound for r in rule_list if r.column == column and r.bound is not None}
+            histograms[metric] = histogram_png(column, edges, hist, marks)
+    batch.unpersist()
+    decisions.unpersist()
+    return CurationResult(counts, [asdict(r) for r in rule_list], pass_rates, labels, histograms)
+
+
+def log(result: CurationResult, tracked: JobRun) -> None:
+    """Rules, pass rates, label agreement and histograms to an MLflow run."""
+    tracked.log_metrics({f"rows_{k}": v for k, v in result.counts.items()})
+    tracked.log_metrics({f"pass_rate.{k}": v for k, v in result.pass_rates.items()})
+    for label, stats in result.labels.items():
+        tracked.log_metrics({f"label.{label}.{k}": v for k, v in stats.items() if v == v})
+    tracked.log_params({f"rule.{i}": r["id"] for i, r in enumerate(result.rules)})
+    tracked.log_text("curation/rules.json", json.dumps(result.rules, indent=2))
+    for metric, png in result.histograms.items():
+        tracked.log_bytes(f"curation/hist_{metric}.png", png)
+
+
+def main(argv: list[str] | None = None) -> CurationResult:
+    settings, _ = tables.job_args(__doc__ or "curate", argv)
+    spark = build_session(settings.spark)
+    with job_run(settings, "curate") as tracked:
+        result = run(spark, settings, tracked.local_id)
+        log(result, tracked)
+        print(f"[curate] {result.counts} pass rates {result.pass_rates}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

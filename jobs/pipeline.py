@@ -1,0 +1,561 @@
+"""Model-output lake -> `chains` -> `steps` -> `step_scores` -> `chain_scores` -> `curated`/`rejected`: the nightly job.
+
+Incremental: each stage works only on the chains that reached the stage before it and have no output of
+their own under the current config hash (Settings.scoring_hash()); chains a stage could not process are
+recorded in `unscored` (their reasons are in `quarantine`) and not retried until `pipeline.rescore` or a
+new hash. Idempotent: every write is an insert-only Delta MERGE keyed by chain and config hash, committed
+per batch of `pipeline.batch_chains` chains, so a run killed anywhere and started again does only the
+missing work and ends with the rows a clean run writes. One MLflow parent run, one child run per stage.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from jobs import tables
+from jobs.config import Settings, resolve_path
+from jobs.tracking import JobRun, tracking_uri
+from schemas import chain_scores as CS
+from schemas import chains as C
+from schemas import pipeline as P
+from schemas import quarantine as Q
+from schemas import step_scores as SS
+from schemas import steps as ST
+
+StepsFn = Callable[[DataFrame, Settings], tuple[DataFrame, DataFrame, DataFrame]]
+ScoreFn = Callable[[DataFrame, DataFrame, Settings], DataFrame]
+AggregateFn = Callable[[DataFrame, Settings], DataFrame]
+
+# Tables that hold rows per config hash: what `pipeline.rescore` clears for the current hash.
+HASHED_TABLES = ["steps", "contexts", "step_scores", "chain_scores", "unscored", "curation", "curated", "rejected"]
+ALL_TABLES = ["chains", "quarantine", "input_files", *HASHED_TABLES]
+
+
+# -- the stage functions (the real ones are imported when first used, so fakes can stand in) -------------
+def _steps(chains: DataFrame, settings: Settings) -> tuple[DataFrame, DataFrame, DataFrame]:
+    from jobs import steps
+
+    return steps.transform(chains, settings)
+
+
+def _aggregate(step_scores: DataFrame, settings: Settings) -> DataFrame:
+    from jobs import aggregate
+
+    return aggregate.transform(step_scores, settings)
+
+
+@dataclass(frozen=True)
+class Transforms:
+    """The pure transforms the stages call; tests inject fakes. None: the project's own (score.py's for NLI/PVI)."""
+
+    steps: StepsFn = _steps
+    nli: ScoreFn | None = None
+    pvi: ScoreFn | None = None
+    aggregate: AggregateFn = _aggregate
+
+
+@dataclass
+class Context:
+    spark: SparkSession
+    settings: Settings
+    run_id: str
+    transforms: Transforms
+    config_hash: str = ""
+
+    def __post_init__(self) -> None:
+        self.config_hash = self.settings.scoring_hash()
+
+    def table(self, name: str) -> str:
+        return self.settings.table(name)
+
+    def read(self, name: str, schema: Any = None) -> DataFrame:
+        return tables.read(self.spark, self.table(name), schema)
+
+    def hashed(self, name: str, schema: Any) -> DataFrame:
+        return self.read(name, schema).where(F.col("config_hash") == self.config_hash)
+
+
+# -- chain stages --------------------------------------------------------------------------------------
+def _steps_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
+    chains = ctx.read("chains", C.SCHEMA).join(ids, C.CHAIN_ID, "left_semi")
+    if ctx.transforms.steps is _steps:
+        from jobs import steps as steps_job
+
+        # The three outputs share one spaCy pass; holding the handle lets each batch free its cache.
+        extracted = steps_job.extract(chains, ctx.settings).persist()
+        steps, contexts, bad = steps_job.split(extracted, ctx.settings)
+    else:
+        extracted = None
+        steps, contexts, bad = ctx.transforms.steps(chains, ctx.settings)
+        steps, contexts = steps.persist(), contexts.persist()
+    counts = {
+        "steps": tables.insert_new(
+            ctx.spark, steps, ctx.table("steps"), ST.SCHEMA, [ST.CHAIN_ID, ST.CONFIG_HASH, ST.STEP_IDX]
+        ),
+        "quarantined": _quarantine(ctx, bad),
+        # Written last: a context row marks the chain as done with this stage.
+        "contexts": tables.insert_new(
+            ctx.spark, contexts, ctx.table("contexts"), ST.CONTEXTS_SCHEMA, [ST.CHAIN_ID, ST.CONFIG_HASH]
+        ),
+    }
+    for df in (extracted, steps, contexts):
+        if df is not None:
+            df.unpersist()
+    return counts
+
+
+def _quarantine(ctx: Context, rows: DataFrame) -> int:
+    # An empty MERGE still costs several Spark jobs per batch; most batches quarantine nothing.
+    if rows.limit(1).count() == 0:
+        return 0
+    return tables.append_quarantine(ctx.spark, ctx.settings, rows.withColumn(Q.RUN_ID, F.lit(ctx.run_id)))
+
+
+def _scores_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
+    from jobs import score
+
+    steps = ctx.hashed("steps", ST.SCHEMA).join(ids, ST.CHAIN_ID, "left_semi")
+    contexts = ctx.hashed("contexts", ST.CONTEXTS_SCHEMA).join(ids, ST.CHAIN_ID, "left_semi")
+    return score.run(
+        ctx.spark, ctx.settings, steps, contexts, ctx.run_id, nli=ctx.transforms.nli, pvi=ctx.transforms.pvi
+    )
+
+
+def _aggregate_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
+    step_scores = ctx.hashed("step_scores", SS.SCHEMA).join(ids, SS.CHAIN_ID, "left_semi")
+    chain_scores = ctx.transforms.aggregate(step_scores, ctx.settings)
+    return {
+        "chain_scores": tables.insert_new(
+            ctx.spark, chain_scores, ctx.table("chain_scores"), CS.SCHEMA, [CS.CHAIN_ID, CS.CONFIG_HASH]
+        )
+    }
+
+
+@dataclass(frozen=True)
+class ChainStage:
+    """A stage over chains: ready = chains in `previous`; done = chains in `marker` (both under the hash)."""
+
+    name: str
+    previous: str
+    marker: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    process: Callable[[Context, DataFrame], dict[str, int]]
+
+
+CHAIN_STAGES = [
+    ChainStage("steps", "chains", "contexts", ("chains",), ("steps", "contexts", "quarantine"), _steps_stage),
+    ChainStage(
+        "scores", "contexts", "step_scores", ("steps", "contexts"), ("step_scores", "quarantine"), _scores_stage
+    ),
+    ChainStage("aggregate", "step_scores", "chain_scores", ("step_scores",), ("chain_scores",), _aggregate_stage),
+]
+
+
+def _chain_ids(ctx: Context, name: str) -> DataFrame:
+    df = ctx.read(name)
+    if "config_hash" in df.columns:
+        df = df.where(F.col("config_hash") == ctx.config_hash)
+    return df.select(C.CHAIN_ID).distinct()
+
+
+def todo(ctx: Context, stage: ChainStage) -> DataFrame:
+    """Chain ids ready for the stage and not yet done (nor given up) under the config hash."""
+    if not all(tables.exists(ctx.spark, ctx.table(t)) for t in (stage.previous,)):
+        return ctx.spark.createDataFrame([], "chain_id string")
+    ready = _chain_ids(ctx, stage.previous)
+    for name in (stage.marker, "unscored"):
+        if tables.exists(ctx.spark, ctx.table(name)):
+            ready = ready.join(_chain_ids(ctx, name), C.CHAIN_ID, "left_anti")
+    return ready
+
+
+def _record_unscored(ctx: Context, stage: ChainStage, ids: DataFrame) -> int:
+    """Chains of a committed batch with no output: give them up under this hash (reasons: `quarantine`)."""
+    done = _chain_ids(ctx, stage.marker) if tables.exists(ctx.spark, ctx.table(stage.marker)) else None
+    missing = ids if done is None else ids.join(done, C.CHAIN_ID, "left_anti")
+    if missing.limit(1).count() == 0:
+        return 0
+    rows = missing.select(
+        C.CHAIN_ID,
+        F.lit(ctx.config_hash).alias(P.CONFIG_HASH),
+        F.lit(stage.name).alias(P.STAGE),
+        F.lit(ctx.run_id).alias(P.RUN_ID),
+        F.current_timestamp().alias(P.RECORDED_AT),
+    )
+    return tables.insert_new(ctx.spark, rows, ctx.table("unscored"), P.UNSCORED_SCHEMA, P.UNSCORED_KEYS)
+
+
+# -- progress and reporting ----------------------------------------------------------------------------
+class Progress:
+    """Driver-side progress of one stage: chains done / total and rate (rich bar on a terminal, else lines)."""
+
+    def __init__(self, stage: str, total: int, mode: str = "auto") -> None:
+        self.stage, self.total, self.done = stage, total, 0
+        self.started = time.time()
+        use_rich = mode == "rich" or (mode == "auto" and sys.stdout.isatty())
+        self._bar = None
+        if use_rich and total:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
+
+            self._bar = Bar(
+                TextColumn(f"[pipeline] {stage}"), BarColumn(), MofNCompleteColumn(), TextColumn("chains"),
+                TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+            )
+            self._task = self._bar.add_task(stage, total=total, rate="")
+            self._bar.start()
+        else:
+            self._line(f"{total} chains to do")
+
+    def _line(self, text: str) -> None:
+        print(f"[pipeline] {self.stage}: {text}", flush=True)
+
+    @property
+    def rate(self) -> float:
+        elapsed = time.time() - self.started
+        return self.done / elapsed if elapsed > 0 else 0.0
+
+    def advance(self, n: int, batch: int, batches: int) -> None:
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done, rate=f"{self.rate:.3g}/s")
+        else:
+            pct = 100.0 * self.done / self.total if self.total else 100.0
+            self._line(
+                f"batch {batch}/{batches} committed, {self.done}/{self.total} chains ({pct:.0f}%), "
+                f"{self.rate:.3g} chains/s"
+            )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+@dataclass
+class StageReport:
+    name: str
+    chains: int = 0
+    seconds: float = 0.0
+    counts: dict[str, float] = field(default_factory=dict)
+    skipped: bool = False
+
+    @property
+    def rate(self) -> float:
+        return self.chains / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Summary:
+    run_id: str
+    config_hash: str
+    stages: list[StageReport] = field(default_factory=list)
+    rows_before: dict[str, int] = field(default_factory=dict)
+    rows_after: dict[str, int] = field(default_factory=dict)
+    versions_before: dict[str, int | None] = field(default_factory=dict)
+    versions_after: dict[str, int | None] = field(default_factory=dict)
+    curation: Any = None  # curate.CurationResult
+    report_html: str | None = None
+    mlflow_run_id: str | None = None
+
+    @property
+    def slowest(self) -> StageReport | None:
+        ran = [s for s in self.stages if not s.skipped]
+        return max(ran, key=lambda s: s.seconds) if ran else None
+
+    @property
+    def pass_rate(self) -> float | None:
+        return self.curation.pass_rates.get("all") if self.curation is not None else None
+
+
+def _table_state(spark: SparkSession, settings: Settings) -> tuple[dict[str, int], dict[str, int | None]]:
+    rows, versions = {}, {}
+    for name in ALL_TABLES:
+        path = settings.table(name)
+        versions[name] = tables.version(spark, path)
+        rows[name] = tables.read(spark, path).count() if versions[name] is not None else 0
+    return rows, versions
+
+
+# -- ingest with input-file bookkeeping ----------------------------------------------------------------
+def input_fingerprints(settings: Settings) -> list[tuple[str, int, int]]:
+    """(path, size, mtime_ns) of every input file; a Delta input table by its latest log entry."""
+    from jobs.ingest import input_files
+
+    out = []
+    for path in input_files(settings.ingest.input):
+        p = Path(path)
+        if (p / "_delta_log").is_dir():
+            logs = sorted((p / "_delta_log").glob("*.json"))
+            last = logs[-1] if logs else p / "_delta_log"
+            out.append((str(p), int(last.stem) if logs else -1, last.stat().st_mtime_ns))
+        else:
+            st = p.stat()
+            out.append((str(p), st.st_size, st.st_mtime_ns))
+    return out
+
+
+def _ingest(ctx: Context, report: StageReport) -> None:
+    from jobs import ingest
+
+    files = input_fingerprints(ctx.settings)
+    seen_path = ctx.table("input_files")
+    seen = {
+        (r[0], r[1], r[2])
+        for r in tables.read(ctx.spark, seen_path, P.INPUT_FILES_SCHEMA)
+        .select(P.PATH, P.SIZE, P.MODIFIED_NS)
+        .collect()
+    }
+    new = [f for f in files if f not in seen]
+    report.counts["input_files"] = len(files)
+    report.counts["new_input_files"] = len(new)
+    if ctx.settings.pipeline.skip_unchanged_input and not new and tables.exists(ctx.spark, ctx.table("chains")):
+        report.skipped = True
+        print(f"[pipeline] ingest: no new or changed input files in {ctx.settings.ingest.input}, skipped", flush=True)
+        return
+    print(f"[pipeline] ingest: {len(new)} new or changed of {len(files)} input files", flush=True)
+    counts = ingest.run(ctx.spark, ctx.settings, ctx.run_id)
+    if not counts.get("reconciled", 1):
+        raise RuntimeError(f"ingest counts do not reconcile: {counts}")
+    report.counts.update({f"rows_{k}": v for k, v in counts.items()})
+    report.chains = counts.get("read", 0)
+    # Recorded only after ingest committed: a run killed inside ingest reads the files again.
+    rows = ctx.spark.createDataFrame(
+        [(path, size, mtime, ctx.run_id) for path, size, mtime in new],
+        "path string, size long, modified_ns long, run_id string",
+    ).withColumn(P.SEEN_AT, F.current_timestamp())
+    tables.insert_new(ctx.spark, rows, seen_path, P.INPUT_FILES_SCHEMA, P.INPUT_FILES_KEYS)
+    print(
+        f"[pipeline] ingest: read={counts.get('read')} new chains={counts.get('inserted')} "
+        f"already present={counts.get('already_present')} quarantined={counts.get('quarantined')}",
+        flush=True,
+    )
+
+
+def _run_chain_stage(ctx: Context, stage: ChainStage, report: StageReport) -> None:
+    batch = ctx.settings.pipeline.batch_chains
+    pending = todo(ctx, stage)
+    total = pending.count()
+    batches = max(1, math.ceil(total / batch))
+    # A chain's batch is a hash of its id, so recomputing `pending` after some batches committed (a cache
+    # eviction, a rerun) puts every remaining chain in the same batch as before.
+    pending = pending.withColumn("_batch", F.pmod(F.xxhash64(C.CHAIN_ID), F.lit(batches))).persist()
+    sizes = dict(pending.groupBy("_batch").count().collect()) if total else {}
+    progress = Progress(stage.name, total, ctx.settings.pipeline.progress)
+    try:
+        for b in range(batches):
+            n = int(sizes.get(b, 0))
+            if n == 0:
+                continue
+            ids = pending.where(F.col("_batch") == b).select(C.CHAIN_ID)
+            counts = stage.process(ctx, ids)
+            counts["unscored"] = _record_unscored(ctx, stage, ids)
+            for key, value in counts.items():
+                report.counts[key] = report.counts.get(key, 0) + value
+            progress.advance(n, b + 1, batches)
+    finally:
+        progress.close()
+        pending.unpersist()
+    report.chains = total
+
+
+def rescore(ctx: Context) -> dict[str, int]:
+    """Delete the current hash's rows from every per-hash table (explicit: `pipeline.rescore=true`)."""
+    deleted = {}
+    for name in HASHED_TABLES:
+        path = ctx.table(name)
+        if tables.exists(ctx.spark, path):
+            before = tables.read(ctx.spark, path).where(F.col("config_hash") == ctx.config_hash).count()
+            if before:
+                DeltaTable.forPath(ctx.spark, path).delete(F.col("config_hash") == ctx.config_hash)
+            deleted[name] = before
+    print(f"[pipeline] rescore: deleted rows of config hash {ctx.config_hash}: {deleted}", flush=True)
+    return deleted
+
+
+def _versions(spark: SparkSession, settings: Settings, names: tuple[str, ...]) -> dict[str, int | None]:
+    return {n: tables.version(spark, settings.table(n)) for n in names}
+
+
+def run(
+    spark: SparkSession,
+    settings: Settings,
+    tracked: JobRun,
+    transforms: Transforms | None = None,
+) -> Summary:
+    """Run the configured stages on what is new; returns the summary (also logged to `tracked`)."""
+    ctx = Context(spark, settings, tracked.local_id, transforms or Transforms())
+    summary = Summary(run_id=ctx.run_id, config_hash=ctx.config_hash)
+    summary.rows_before, summary.versions_before = _table_state(spark, settings)
+    wanted = settings.pipeline.stages
+    print(
+        f"[pipeline] config hash {ctx.config_hash}, run {ctx.run_id}, lake {resolve_path(settings.paths.lake)}",
+        flush=True,
+    )
+    if settings.pipeline.rescore:
+        tracked.log_metrics({f"rescore_deleted.{k}": v for k, v in rescore(ctx).items()})
+    plan: list[tuple[str, tuple[str, ...], tuple[str, ...], Callable[[StageReport], None]]] = []
+    if "ingest" in wanted:
+        plan.append(("ingest", ("input_files",), ("chains", "quarantine", "input_files"), lambda r: _ingest(ctx, r)))
+    for stage in CHAIN_STAGES:
+        if stage.name in wanted:
+            plan.append((stage.name, stage.inputs, stage.outputs, lambda r, s=stage: _run_chain_stage(ctx, s, r)))
+    if "curate" in wanted:
+        plan.append(("curate", ("chain_scores",), ("curation", "curated", "rejected"), lambda r: _curate(ctx, r, summary)))
+
+    for name, inputs, outputs, body in plan:
+        report = StageReport(name)
+        child = tracked.child(name)
+        in_versions = _versions(spark, settings, inputs)
+        out_before = _versions(spark, settings, outputs)
+        started = time.time()
+        body(report)
+        report.seconds = time.time() - started
+        out_after = _versions(spark, settings, outputs)
+        summary.stages.append(report)
+        child.log_metrics({**report.counts, "chains": report.chains, "seconds": report.seconds, "chains_per_s": report.rate})
+        child.set_tags({f"input_version.{k}": v for k, v in in_versions.items()})
+        child.set_tags({f"output_version_before.{k}": v for k, v in out_before.items()})
+        child.set_tags({f"output_version_after.{k}": v for k, v in out_after.items()})
+        child.set_tags({"config_hash": ctx.config_hash, "skipped": report.skipped, "pipeline_run": ctx.run_id})
+        if name == "curate" and summary.curation is not None:
+            from jobs import curate
+
+            curate.log(summary.curation, child)
+        print(f"[pipeline] {name}: done in {report.seconds:.1f} s", flush=True)
+
+    summary.rows_after, summary.versions_after = _table_state(spark, settings)
+    if "report" in wanted:
+        from jobs import report as report_mod
+
+        started = time.time()
+        summary.report_html = report_mod.build(spark, settings, summary)
+        tracked.log_text("report/pipeline_report.html", summary.report_html)
+        summary.stages.append(StageReport("report", seconds=time.time() - started))
+    _log_summary(summary, tracked)
+    return summary
+
+
+def _curate(ctx: Context, report: StageReport, summary: Summary) -> None:
+    from jobs import curate
+
+    result = curate.run(ctx.spark, ctx.settings, ctx.run_id)
+    summary.curation = result
+    report.chains = result.counts["batch"]
+    report.counts.update({k: float(v) for k, v in result.counts.items()})
+    if not result.counts["reconciled"]:
+        raise RuntimeError(f"curation counts do not reconcile: {result.counts}")
+    print(
+        f"[pipeline] curate: {result.counts['batch']} chains, passed {result.counts['run_passed']}, "
+        f"failed {result.counts['run_failed']}",
+        flush=True,
+    )
+
+
+def _log_summary(summary: Summary, tracked: JobRun) -> None:
+    for name in ALL_TABLES:
+        tracked.log_metrics(
+            {f"rows.{name}": summary.rows_after.get(name, 0), f"new_rows.{name}": summary.rows_after.get(name, 0)
+             - summary.rows_before.get(name, 0)}
+        )
+        tracked.set_tags(
+            {f"version_before.{name}": summary.versions_before.get(name),
+             f"version_after.{name}": summary.versions_after.get(name)}
+        )
+    for s in summary.stages:
+        tracked.log_metrics({f"stage_seconds.{s.name}": s.seconds})
+    if summary.pass_rate is not None:
+        tracked.log_metrics({"pass_rate": summary.pass_rate})
+    if summary.slowest is not None:
+        tracked.set_tags({"slowest_stage": summary.slowest.name})
+    tracked.set_tags({"config_hash": summary.config_hash})
+
+
+def mlflow_location(settings: Settings, run_id: str | None) -> str:
+    uri = tracking_uri(settings)
+    if not run_id:
+        return f"(not logged) tracking store {uri}"
+    if uri.startswith("http"):
+        try:
+            from mlflow.tracking import MlflowClient
+
+            exp = MlflowClient(uri).get_run(run_id).info.experiment_id
+            return f"{uri.rstrip('/')}/#/experiments/{exp}/runs/{run_id}"
+        except Exception:  # the id is still useful when the server cannot be asked
+            return f"run {run_id} at {uri}"
+    return f"run {run_id} in {uri} (browse: mlflow ui --backend-store-uri {uri})"
+
+
+def print_summary(summary: Summary, settings: Settings) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=120)
+    t = Table(title=f"Nightly pipeline summary (config hash {summary.config_hash})")
+    for col in ("table", "rows", "new rows", "version"):
+        t.add_column(col, justify="right" if col != "table" else "left")
+    for name in ALL_TABLES:
+        before, after = summary.versions_before.get(name), summary.versions_after.get(name)
+        version = "-" if after is None else (f"{before} -> {after}" if before != after else f"{after} (unchanged)")
+        t.add_row(name, str(summary.rows_after.get(name, 0)),
+                  str(summary.rows_after.get(name, 0) - summary.rows_before.get(name, 0)), version)
+    console.print(t)
+    s = Table(title="Stages")
+    for col in ("stage", "chains", "seconds", "chains/s", "notes"):
+        s.add_column(col, justify="left" if col in ("stage", "notes") else "right")
+    for r in summary.stages:
+        notes = "skipped (input unchanged)" if r.skipped else ", ".join(
+            f"{k}={int(v) if float(v).is_integer() else round(v, 3)}" for k, v in r.counts.items()
+            if k in ("unscored", "quarantined", "new_input_files", "run_passed", "run_failed")
+        )
+        s.add_row(r.name, str(r.chains), f"{r.seconds:.1f}", f"{r.rate:.1f}", notes)
+    console.print(s)
+    slowest = summary.slowest
+    lines = [
+        f"pass rate: {summary.pass_rate:.1%}" if summary.pass_rate is not None else "pass rate: - (no chains curated)",
+        f"slowest stage: {slowest.name} ({slowest.seconds:.1f} s)" if slowest else "slowest stage: -",
+        f"Delta tables: {resolve_path(settings.paths.lake)}",
+        f"MLflow: {mlflow_location(settings, summary.mlflow_run_id)}",
+    ]
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def main(argv: list[str] | None = None, transforms: Transforms | None = None) -> Summary:
+    from jobs.session import build_session
+    from jobs.tracking import job_run
+
+    settings, _ = tables.job_args(__doc__ or "pipeline", argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _check_models(settings, transforms)
+    spark = build_session(settings.spark)
+    with job_run(settings, "pipeline") as tracked:
+        summary = run(spark, settings, tracked, transforms)
+    summary.mlflow_run_id = tracked.run_id
+    print_summary(summary, settings)
+    return summary
+
+
+def _check_models(settings: Settings, transforms: Transforms | None) -> None:
+    """Fail before any table is touched when a configured model is missing (clear message, no partial run)."""
+    if transforms is not None:
+        return
+    from udfs.runtime import check_available
+
+    for role in ("nli", "pvi_g", "pvi_null", "info_gain"):
+        check_available(getattr(settings.models, role).path, role)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""`steps` + `contexts` -> `step_scores`: NLI and PVI scores joined per step; chains with a failed step -> `quarantine`.
+
+A chain is scored whole or not at all: a step whose NLI or PVI scoring raised (an `error` column from the
+scoring transforms) or produced no row quarantines every step of its chain, so `chain_scores` never takes a
+min over the steps that happened to survive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from jobs import tables
+from jobs.config import Settings
+from schemas import step_scores as SS
+from schemas import steps as ST
+
+ERROR = "error"
+STAGE = "score"
+KEYS = [SS.CHAIN_ID, SS.STEP_IDX, SS.CONFIG_HASH]
+
+ScoreFn = Callable[[DataFrame, DataFrame, Settings], DataFrame]
+
+
+def _nli(steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:
+    from jobs import nli_scores
+
+    return nli_scores.transform(steps, contexts, settings)
+
+
+def _pvi(steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:
+    from jobs import pvi_scores
+
+    return pvi_scores.transform(steps, contexts, settings)
+
+
+def nli_revision(settings: Settings) -> str | None:
+    """The NLI model's revision: configured, else a fingerprint of the weights (jobs.nli_scores)."""
+    from jobs import nli_scores
+    from udfs.runtime import resolve_model_path
+
+    ref = settings.models.nli
+    return nli_scores.model_revision(ref, resolve_model_path(ref.path))
+
+
+def _model_id(ref, real: bool) -> str:
+    """The id the PVI job writes (path@revision) when the real transform ran; the configured path otherwise."""
+    if not real:
+        return ref.path
+    from jobs import pvi_scores
+
+    return pvi_scores.model_id(ref)
+
+
+def _scores_with_error(df: DataFrame, columns: list[str], marker: str) -> DataFrame:
+    """Keep the contract columns, an error column (null when the transform has none) and a row marker."""
+    error = F.col(ERROR).cast("string") if ERROR in df.columns else F.lit(None).cast("string")
+    return df.select(
+        SS.CHAIN_ID, SS.STEP_IDX, *columns, error.alias(f"_{marker}_error"), F.lit(True).alias(f"_{marker}_row")
+    )
+
+
+def score_steps(
+    steps: DataFrame,
+    contexts: DataFrame,
+    settings: Settings,
+    nli: ScoreFn | None = None,
+    pvi: ScoreFn | None = None,
+) -> DataFrame:
+    """One row per step: the step_scores columns plus `error` (null when the step scored). Pure."""
+    nli_df = _scores_with_error((nli or _nli)(steps, contexts, settings), SS.NLI_SCHEMA.fieldNames()[2:], "nli")
+    pvi_df = _scores_with_error((pvi or _pvi)(steps, contexts, settings), SS.PVI_SCHEMA.fieldNames()[2:], "pvi")
+    keys = steps.select(ST.CHAIN_ID, ST.STEP_IDX, ST.CONFIG_HASH, F.to_json(F.struct(*steps.columns)).alias("_raw"))
+    joined = keys.join(nli_df, [SS.CHAIN_ID, SS.STEP_IDX], "left").join(pvi_df, [SS.CHAIN_ID, SS.STEP_IDX], "left")
+    error = F.coalesce(
+        F.when(F.col("_nli_error").isNotNull(), F.concat(F.lit("nli: "), F.col("_nli_error"))),
+        F.when(F.col("_pvi_error").isNotNull(), F.concat(F.lit("pvi: "), F.col("_pvi_error"))),
+        F.when(F.col("_nli_row").isNull(), F.lit("nli: no score for the step")),
+        F.when(F.col("_pvi_row").isNull(), F.lit("pvi: no score for the step")),
+    )
+    models = settings.models
+    return joined.select(
+        *[c for c in SS.SCHEMA.fieldNames() if c not in (SS.NLI_MODEL, SS.NLI_REVISION, SS.PVI_MODEL,
+                                                          SS.PVI_NULL_MODEL, SS.IG_MODEL, SS.SCORED_AT)],
+        F.lit(models.nli.path).alias(SS.NLI_MODEL),
+        F.lit(nli_revision(settings) if nli is None else models.nli.revision).cast("string").alias(SS.NLI_REVISION),
+        F.lit(_model_id(models.pvi_g, pvi is None)).alias(SS.PVI_MODEL),
+        F.lit(_model_id(models.pvi_null, pvi is None)).alias(SS.PVI_NULL_MODEL),
+        F.lit(_model_id(models.info_gain, pvi is None)).alias(SS.IG_MODEL),
+        F.current_timestamp().alias(SS.SCORED_AT),
+        error.alias(ERROR),
+        F.col("_raw"),
+    )
+
+
+def _reason(error: Column) -> Column:
+    return (
+        F.when(error.startswith("nli: no score") | error.startswith("pvi: no score"), "missing_score")
+        .when(error.startswith("nli: "), "nli_error")
+        .otherwise("pvi_error")
+    )
+
+
+def split(scored: DataFrame, run_id: str | None = None) -> tuple[DataFrame, DataFrame]:
+    """score_steps rows -> (step_scores of fully scored chains, quarantine rows for the other chains' steps)."""
+    chain = Window.partitionBy(SS.CHAIN_ID, SS.CONFIG_HASH)
+    flagged = scored.withColumn("_chain_failed", F.max(F.col(ERROR).isNotNull()).over(chain))
+    good = tables.conform(flagged.where(~F.col("_chain_failed")), SS.SCHEMA)
+    failed = flagged.where(F.col("_chain_failed"))
+    bad = tables.quarantine_rows(
+        failed,
+        STAGE,
+        F.when(F.col(ERROR).isNull(), F.lit("chain_has_failed_step")).otherwise(_reason(F.col(ERROR))),
+        F.coalesce(F.col(ERROR), F.lit("another step of this chain failed to score")),
+        chain_id=F.col(SS.CHAIN_ID),
+        raw=F.col("_raw"),
+        source=F.concat(F.lit("config_hash:"), F.col(SS.CONFIG_HASH)),
+        run_id=run_id,
+    )
+    return good, bad
+
+
+def transform(
+    steps: DataFrame,
+    contexts: DataFrame,
+    settings: Settings,
+    nli: ScoreFn | None = None,
+    pvi: ScoreFn | None = None,
+) -> tuple[DataFrame, DataFrame]:
+    """(steps, contexts) -> (step_scores rows, quarantine rows). Pure: no reads or writes.
+
+    Callers that write both outputs should persist `score_steps(...)` and `split` it, so the models run once.
+    """
+    return split(score_steps(steps, contexts, settings, nli, pvi))
+
+
+def run(
+    spark: SparkSession,
+    settings: Settings,
+    steps: DataFrame,
+    contexts: DataFrame,
+    run_id: str | None = None,
+    nli: ScoreFn | None = None,
+    pvi: ScoreFn | None = None,
+    replace: bool = False,
+) -> dict[str, int]:
+    """Score the given steps into `step_scores` (insert-only MERGE; `replace` upserts) and quarantine failures."""
+    if settings.runtime.on_row_error == "fail":
+        scored = score_steps(steps, contexts, settings, nli, pvi).persist()
+        first = scored.where(F.col(ERROR).isNotNull()).select(SS.CHAIN_ID, SS.STEP_IDX, ERROR).first()
+        if first is not None:
+            scored.unpersist()
+            raise RuntimeError(
+                f"scoring failed for chain {first[0]} step {first[1]}: {first[2]} "
+                "(runtime.on_row_error=fail; set it to quarantine to score the other rows)"
+            )
+    else:
+        scored = score_steps(steps, contexts, settings, nli, pvi).persist()
+    good, bad = split(scored, run_id)
+    path = settings.table("step_scores")
+    if replace:
+        tables.upsert(spark, good, path, SS.SCHEMA, KEYS)
+        written = good.count()
+    else:
+        written = tables.insert_new(spark, good, path, SS.SCHEMA, KEYS)
+    quarantined = bad.count()
+    if quarantined:
+        tables.append_quarantine(spark, settings, bad)
+    counts = {"steps": scored.count(), "written": written, "quarantined": quarantined}
+    scored.unpersist()
+    return counts

@@ -1,0 +1,99 @@
+"""Deterministic stand-ins for the steps, NLI and PVI transforms: the pipeline's bookkeeping is tested fast.
+
+Scores are plain functions of the step text and position, so two runs over the same chains give the same
+rows whatever the batching. Each fake records the chain ids it was given, so tests see which chains a run
+actually scored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from jobs import tables
+from jobs.config import Settings
+from jobs.pipeline import Transforms
+from schemas import chains as C
+from schemas import step_scores as SS
+from schemas import steps as ST
+
+QUARANTINE_MARK = "QUARANTINE-ME"  # a chain whose text holds this fails the fake steps stage
+
+
+@dataclass
+class Fakes:
+    seen_steps: list[str] = field(default_factory=list)
+    seen_nli: list[str] = field(default_factory=list)
+    seen_pvi: list[str] = field(default_factory=list)
+    nli_calls: int = 0
+    fail_nli_call: int | None = None  # raise on this NLI call (1-based): a crash mid-scoring
+    error_chain: str | None = None  # the NLI "model" returns an error for every step of this chain
+
+    def steps(self, chains: DataFrame, settings: Settings) -> tuple[DataFrame, DataFrame, DataFrame]:
+        self.seen_steps += [r[0] for r in chains.select(C.CHAIN_ID).collect()]
+        h = settings.scoring_hash()
+        bad_mark = F.coalesce(F.col(C.CHAIN_TEXT), F.lit("")).contains(QUARANTINE_MARK)
+        good = chains.where(~bad_mark)
+        texts = F.coalesce(F.col(C.STEPS), F.split(F.col(C.CHAIN_TEXT), "\n"))
+        exploded = good.select(
+            C.CHAIN_ID, F.size(texts).alias(ST.N_STEPS), F.posexplode(texts).alias(ST.STEP_IDX, ST.STEP_TEXT)
+        )
+        steps = exploded.select(
+            ST.CHAIN_ID,
+            F.lit(h).alias(ST.CONFIG_HASH),
+            ST.STEP_IDX,
+            ST.N_STEPS,
+            ST.STEP_TEXT,
+            F.array(F.substring(ST.STEP_TEXT, 1, 10)).alias(ST.PREMISE_RCUS),
+            F.col(ST.STEP_TEXT).alias(ST.CONCLUSION_RCU),
+            F.lit("newline").alias(ST.BOUNDARY),
+            F.lit("position").alias(ST.ROLE_RULE),
+            F.lit("fake").alias(ST.EXTRACTOR),
+        )
+        contexts = good.select(
+            C.CHAIN_ID,
+            F.lit(h).alias(ST.CONFIG_HASH),
+            F.split(C.CONTEXT, r"\. ").alias(ST.CONTEXT_SENTENCES),
+            F.col(C.ANSWER).alias(ST.ANSWER),
+            F.lit("given").alias(ST.ANSWER_RULE),
+        )
+        bad = tables.quarantine_rows(chains.where(bad_mark), "steps", "fake_failure", "marked", chain_id=F.col(C.CHAIN_ID))
+        return tables.conform(steps, ST.SCHEMA), tables.conform(contexts, ST.CONTEXTS_SCHEMA), bad
+
+    def nli(self, steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:
+        self.nli_calls += 1
+        if self.fail_nli_call is not None and self.nli_calls == self.fail_nli_call:
+            raise RuntimeError("injected failure inside the scoring stage")
+        self.seen_nli += sorted({r[0] for r in steps.select(ST.CHAIN_ID).collect()})
+        length = F.length(ST.STEP_TEXT)
+        out = steps.join(contexts.select(ST.CHAIN_ID, ST.CONTEXT_SENTENCES), ST.CHAIN_ID).select(
+            ST.CHAIN_ID,
+            ST.STEP_IDX,
+            (F.pmod(length, F.lit(7)) / 7.0).alias(SS.INTRA_ENTAIL),
+            F.col(ST.STEP_TEXT).alias(SS.INTRA_PREMISE),
+            (1.0 - F.pmod(length, F.lit(5)) / 10.0).alias(SS.INTER),
+            (F.pmod(length, F.lit(5)) / 10.0).alias(SS.INTER_MAX_CONTRADICTION),
+            F.element_at(ST.CONTEXT_SENTENCES, 1).alias(SS.INTER_WORST_PREMISE),
+            F.lit("context").alias(SS.INTER_WORST_SOURCE),
+            F.when(F.col(ST.CHAIN_ID) == F.lit(self.error_chain), F.lit("fake model error")).alias("error"),
+        )
+        return out
+
+    def pvi(self, steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:
+        self.seen_pvi += sorted({r[0] for r in steps.select(ST.CHAIN_ID).collect()})
+        idx = F.col(ST.STEP_IDX).cast("double")
+        return steps.select(
+            ST.CHAIN_ID,
+            ST.STEP_IDX,
+            (F.pmod(F.length(ST.STEP_TEXT), F.lit(5)) - 2.0).alias(SS.INTRA_PVI),
+            F.lit(-1.0).alias(SS.PVI_G),
+            F.lit(-2.0).alias(SS.PVI_NULL),
+            (F.pmod(F.length(ST.STEP_TEXT), F.lit(3)) - 0.5).alias(SS.INFO_GAIN),
+            (-idx).alias(SS.IG_L_PREV),
+            (-idx + 0.5).alias(SS.IG_L),
+        )
+
+    def transforms(self) -> Transforms:
+        return Transforms(steps=self.steps, nli=self.nli, pvi=self.pvi)

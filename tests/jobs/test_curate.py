@@ -1,0 +1,189 @@
+"""Curation rules on a hand-built chain_scores table: exact split, listed reasons, pass rates, label agreement."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual, assertSchemaEqual
+
+from jobs import curate, tables
+from schemas import chain_scores as CS
+from schemas import chains as C
+from schemas import curation as CU
+
+RULES = [
+    "curation.thresholds={intra_entail: 0.5}",
+    "curation.quantiles={inter: 0.5}",
+    "curation.require_api_k=2",
+    "curation.max_steps=10",
+]
+T, Q, A, M = "threshold:intra_entail_min>=0.5", "quantile:inter_min>=q0.5", "api_k:api_2", "max_steps:n_steps<=10"
+# chain -> (intra_entail_min, inter_min, api_2, n_steps). inter_min's median over the five is 0.7.
+SCORES = {
+    "c1": (0.9, 0.8, True, 3),
+    "c2": (0.2, 0.7, True, 3),
+    "c3": (0.9, 0.1, False, 3),
+    "c4": (0.6, 0.6, True, 12),
+    "c5": (None, 0.9, None, 2),
+}
+EXPECTED_FAILED = {"c1": [], "c2": [T], "c3": [Q, A], "c4": [Q, M], "c5": [T, A]}
+
+
+def _scores(spark, config_hash: str, scores=SCORES):
+    rows = []
+    for cid, (ie, inter, api2, n) in scores.items():
+        row = {f.name: None for f in CS.SCHEMA.fields}
+        row.update({CS.CHAIN_ID: cid, CS.CONFIG_HASH: config_hash, CS.N_STEPS: n, CS.min_col("intra_entail"): ie,
+                    CS.min_col("inter"): inter, CS.api_col(2): api2, CS.min_col("intra_pvi"): 0.1 * n,
+                    CS.min_col("info_gain"): -0.5 + 0.1 * n})
+        rows.append(row)
+    return spark.createDataFrame(rows, CS.SCHEMA)
+
+
+def _chains(spark):
+    labels = {"c1": {"clean": 1.0, "QUAL": 3.0}, "c2": {"clean": 1.0}, "c3": {"clean": 0.0}, "c4": {"clean": 0.0},
+              "c5": {"clean": 1.0, "QUAL": 5.0}}
+    rows = [{**{f.name: None for f in C.SCHEMA.fields}, C.CHAIN_ID: cid, C.CONTENT_HASH: cid, C.LABELS: lab}
+            for cid, lab in labels.items()]
+    return spark.createDataFrame(rows, C.SCHEMA)
+
+
+def test_rules_fixed_order_and_ids(make_settings):
+    cfg = make_settings(*RULES).curation
+    got = curate.rules(cfg, {"inter": 0.7})
+    assert [r.id for r in got] == [T, Q, A, M]
+    assert [r.bound for r in got] == [0.5, 0.7, None, 10.0]
+
+
+def test_rules_unknown_metric_is_a_clear_error(make_settings):
+    cfg = make_settings("curation.thresholds={intra_entailment: 0.5}").curation
+    with pytest.raises(ValueError, match="intra_entailment"):
+        curate.rules(cfg)
+
+
+def test_quantile_bounds_exact_over_reference(spark, make_settings):
+    cfg = make_settings(*RULES).curation
+    assert curate.quantile_bounds(_scores(spark, "h"), cfg) == {"inter": pytest.approx(0.7)}
+
+
+def test_transform_hand_built_scores_exact_split_with_reasons(spark, make_settings):
+    cfg = make_settings(*RULES).curation
+    curated, rejected = curate.transform(_scores(spark, "h"), cfg, {"inter": 0.7}, run_id="r1")
+    assertDataFrameEqual(curated.select(CU.CHAIN_ID), spark.createDataFrame([("c1",)], "chain_id string"))
+    expected = [(cid, reasons) for cid, reasons in EXPECTED_FAILED.items() if reasons]
+    assertDataFrameEqual(
+        rejected.select(CU.CHAIN_ID, CU.FAILED_RULES),
+        spark.createDataFrame(expected, "chain_id string, failed_rules array<string>"),
+    )
+    assertSchemaEqual(rejected.schema, CU.REJECTED_SCHEMA)
+    assertSchemaEqual(curated.schema, CU.CURATED_SCHEMA)
+    assert {r[CU.RULES_HASH] for r in rejected.collect()} == {cfg.rules_hash()}
+
+
+def test_transform_no_rules_passes_everything(spark, make_settings):
+    curated, rejected = curate.transform(_scores(spark, "h"), make_settings().curation)
+    assert curated.count() == 5 and rejected.count() == 0
+
+
+def test_histogram_equal_width_counts(spark):
+    df = spark.createDataFrame([(0.0,), (0.1,), (0.5,), (1.0,), (None,)], "v double")
+    assert curate.histogram(df, "v", 2) == ([0.0, 0.5, 1.0], [2, 2])
+
+
+def _setup(spark, settings, scores=SCORES):
+    tables.insert_new(spark, _scores(spark, settings.scoring_hash(), scores), settings.table("chain_scores"),
+                      CS.SCHEMA, [CS.CHAIN_ID, CS.CONFIG_HASH])
+    tables.insert_new(spark, _chains(spark), settings.table("chains"), C.SCHEMA, [C.CHAIN_ID])
+
+
+def _split(spark, settings):
+    curated = tables.read(spark, settings.table("curated")).select(CU.CHAIN_ID)
+    rejected = tables.read(spark, settings.table("rejected")).select(CU.CHAIN_ID, CU.FAILED_RULES)
+    return curated, rejected
+
+
+def _expected(spark):
+    return (
+        spark.createDataFrame([("c1",)], "chain_id string"),
+        spark.createDataFrame([(c, r) for c, r in EXPECTED_FAILED.items() if r], "chain_id string, failed_rules array<string>"),
+    )
+
+
+def test_run_tables_counts_pass_rates_and_labels(spark, make_settings):
+    settings = make_settings(*RULES)
+    _setup(spark, settings)
+    result = curate.run(spark, settings, run_id="run-1")
+    curated, rejected = _split(spark, settings)
+    exp_curated, exp_rejected = _expected(spark)
+    assertDataFrameEqual(curated, exp_curated)
+    assertDataFrameEqual(rejected, exp_rejected)
+    assert result.counts == {"batch": 5, "decided": 5, "curated": 1, "rejected": 4, "run_passed": 1,
+                             "run_failed": 4, "reconciled": 1}
+    assert result.pass_rates == pytest.approx({"all": 0.2, T: 0.6, Q: 0.6, A: 0.6, M: 0.8})
+    # clean is binary: passed = {c1}; clean = {c1, c2, c5}. QUAL is ordinal: no precision/recall.
+    assert result.labels == {"clean": {"precision": 1.0, "recall": pytest.approx(1 / 3), "n": 5.0}}
+    assert [r["id"] for r in result.rules] == [T, Q, A, M] and result.rules[1]["bound"] == pytest.approx(0.7)
+    assert set(result.histograms) == {"intra_entail", "intra_pvi", "inter", "info_gain"}
+    assert all(png.startswith(b"\x89PNG") for png in result.histograms.values())
+
+
+def test_run_twice_adds_nothing(spark, make_settings):
+    settings = make_settings(*RULES)
+    _setup(spark, settings)
+    curate.run(spark, settings, run_id="run-1")
+    versions = {n: tables.version(spark, settings.table(n)) for n in ("curation", "curated", "rejected")}
+    again = curate.run(spark, settings, run_id="run-2")
+    assert again.counts["batch"] == 0 and again.counts["curated"] == 0 and again.counts["rejected"] == 0
+    assert {n: tables.version(spark, settings.table(n)) for n in versions} == versions
+
+
+def test_run_killed_after_decisions_finishes_from_stored_decisions(spark, make_settings, monkeypatch):
+    settings = make_settings(*RULES)
+    _setup(spark, settings)
+
+    def killed(_):
+        raise KeyboardInterrupt("killed after the decisions MERGE")
+
+    monkeypatch.setattr(curate, "split", killed)
+    with pytest.raises(KeyboardInterrupt):
+        curate.run(spark, settings, run_id="run-1")
+    monkeypatch.undo()
+    assert tables.read(spark, settings.table("curation")).count() == 5
+    assert not tables.exists(spark, settings.table("curated"))
+    # A new chain arrives before the rerun: it gets its own quantile over its own batch, the stored five keep theirs.
+    _setup(spark, settings, {"c6": (0.9, 0.05, True, 3)})
+    result = curate.run(spark, settings, run_id="run-2")
+    curated, rejected = _split(spark, settings)
+    exp_curated, exp_rejected = _expected(spark)
+    assertDataFrameEqual(curated.where(F.col(CU.CHAIN_ID) != "c6"), exp_curated)
+    assertDataFrameEqual(rejected, exp_rejected)
+    assert result.counts["batch"] == 1
+    assert curated.where(F.col(CU.CHAIN_ID) == "c6").count() == 1  # q0.5 of {0.05} is 0.05: passes
+
+
+def test_run_new_rules_curate_again_under_new_rules_hash(spark, make_settings):
+    settings = make_settings(*RULES)
+    _setup(spark, settings)
+    curate.run(spark, settings, run_id="run-1")
+    looser = make_settings("curation.thresholds={intra_entail: 0.1}")
+    result = curate.run(spark, looser, run_id="run-2")
+    assert result.counts["batch"] == 5
+    per_rules = dict(tables.read(spark, settings.table("curation")).groupBy(CU.RULES_HASH).count().collect())
+    assert per_rules == {settings.curation.rules_hash(): 5, looser.curation.rules_hash(): 5}
+    # c5 has no intra_entail score: a null never passes a threshold.
+    new_rejected = tables.read(spark, settings.table("rejected")).where(F.col(CU.RULES_HASH) == looser.curation.rules_hash())
+    assert [(r[CU.CHAIN_ID], list(r[CU.FAILED_RULES])) for r in new_rejected.collect()] == [
+        ("c5", ["threshold:intra_entail_min>=0.1"])
+    ]
+
+
+def test_run_quantile_reference_table(spark, make_settings, tmp_path):
+    ref_path = str(tmp_path / "reference")
+    ref = _scores(spark, "other", {"r1": (0.5, 0.2, True, 2), "r2": (0.5, 0.4, True, 2)})
+    ref.write.format("delta").save(ref_path)
+    settings = make_settings("curation.quantiles={inter: 0.5}", f"curation.quantile_reference={ref_path}")
+    _setup(spark, settings)
+    result = curate.run(spark, settings, run_id="run-1")
+    assert result.rules[0]["bound"] == pytest.approx(0.3)
+    rejected = tables.read(spark, settings.table("rejected")).select(CU.CHAIN_ID).collect()
+    assert [r[0] for r in rejected] == ["c3"]

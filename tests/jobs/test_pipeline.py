@@ -1,0 +1,345 @@
+"""Nightly pipeline: incremental, idempotent and resumable; fake stages for the bookkeeping, real ones (slow) end to end."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from pipeline_fakes import QUARANTINE_MARK, Fakes
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from jobs import pipeline, tables
+from jobs.config import PROJECT_ROOT
+from jobs.tracking import JobRun
+
+SAMPLE = PROJECT_ROOT / "tests" / "data" / "sample_lake"
+# Columns a rerun legitimately changes: when a row was written and by which run.
+VOLATILE = {"ingested_at", "scored_at", "curated_at", "quarantined_at", "recorded_at", "seen_at", "run_id"}
+RESULT_TABLES = ["chains", "steps", "contexts", "step_scores", "chain_scores", "unscored", "curation", "curated",
+                 "rejected", "quarantine"]
+
+
+@pytest.fixture
+def lake_input(tmp_path: Path) -> Path:
+    """A copy of the sample lake (24 GSM-8K chains + 4 bad rows) that tests can add files to."""
+    folder = tmp_path / "input"
+    shutil.copytree(SAMPLE, folder)
+    return folder
+
+
+def _settings(make_settings, lake_input: Path, *extra: str):
+    return make_settings(
+        f"ingest.input={lake_input}",
+        "pipeline.batch_chains=12",
+        "pipeline.progress=plain",
+        "pipeline.stages=[ingest,steps,scores,aggregate,curate]",
+        "curation.thresholds={intra_entail: 0.3}",
+        "curation.quantiles={inter: 0.25}",
+        *extra,
+    )
+
+
+def _run(spark, settings, fakes: Fakes) -> pipeline.Summary:
+    return pipeline.run(spark, settings, JobRun("pipeline", settings), fakes.transforms())
+
+
+def _stable(spark, settings, name: str):
+    df = tables.read(spark, settings.table(name))
+    return df.select(*[c for c in df.columns if c not in VOLATILE])
+
+
+def _state(spark, settings) -> dict[str, tuple[int | None, int]]:
+    return {
+        name: (tables.version(spark, settings.table(name)), tables.read(spark, settings.table(name)).count())
+        for name in pipeline.ALL_TABLES
+        if tables.exists(spark, settings.table(name))
+    }
+
+
+def _new_chains_file(folder: Path, ids: list[str], name: str = "night2.jsonl") -> None:
+    rows = [
+        {"chain_id": i, "dataset": "synthetic", "context": f"Context of {i}. It has two sentences.",
+         "chain": f"First step of {i}.\nSecond step of {i} is longer.\nSo the answer is 7.", "answer": "7"}
+        for i in ids
+    ]
+    (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@dataclass
+class CleanRun:
+    """One uninterrupted run over a copy of the sample lake, shared by the tests (they copy its lake)."""
+
+    input: Path
+    lake: Path
+    summary: pipeline.Summary
+    fakes: Fakes
+    output: str
+
+
+@pytest.fixture(scope="module")
+def clean_run(spark, tmp_path_factory) -> CleanRun:
+    root = tmp_path_factory.mktemp("clean")
+    shutil.copytree(SAMPLE, root / "input")
+    settings = _clean_settings(root / "input", root / "lake", root)
+    fakes = Fakes()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        summary = _run(spark, settings, fakes)
+    return CleanRun(root / "input", root / "lake", summary, fakes, out.getvalue())
+
+
+def _clean_settings(lake_input: Path, lake: Path, tmp: Path, *extra: str):
+    from jobs.config import load_settings
+
+    return load_settings(overrides=[
+        f"paths.lake={lake}", f"mlflow.tracking_uri=sqlite:///{tmp}/mlruns.db", "spark.master=local[2]",
+        f"ingest.input={lake_input}", "pipeline.batch_chains=12", "pipeline.progress=plain",
+        "pipeline.stages=[ingest,steps,scores,aggregate,curate]", "curation.thresholds={intra_entail: 0.3}",
+        "curation.quantiles={inter: 0.25}", *extra,
+    ], environ={})
+
+
+def _copy_of_clean(clean: CleanRun, tmp_path: Path, *extra: str):
+    """An independent lake equal to the clean run's (a Delta table is its folder), same input folder."""
+    shutil.copytree(clean.lake, tmp_path / "lake")
+    return _clean_settings(clean.input, tmp_path / "lake", tmp_path, *extra)
+
+
+def test_run_scores_every_valid_chain_once(spark, clean_run):
+    summary, fakes = clean_run.summary, clean_run.fakes
+    assert summary.rows_after["chains"] == 24
+    assert summary.rows_after["chain_scores"] == 24
+    assert summary.rows_after["curation"] == 24
+    assert summary.rows_after["curated"] + summary.rows_after["rejected"] == 24
+    # Batches of <= 12 chains by hash: each chain reaches each stage exactly once.
+    assert len(fakes.seen_steps) == 24 and len(set(fakes.seen_steps)) == 24
+    assert len(fakes.seen_nli) == 24 and len(set(fakes.seen_nli)) == 24
+    assert fakes.nli_calls == 2  # ceil(24 / 12) batches
+    settings = _clean_settings(clean_run.input, clean_run.lake, clean_run.lake.parent)
+    n_steps = tables.read(spark, settings.table("steps")).count()
+    assert tables.read(spark, settings.table("step_scores")).count() == n_steps
+    hashes = {r[0] for r in tables.read(spark, settings.table("chain_scores")).select("config_hash").distinct().collect()}
+    assert hashes == {settings.scoring_hash()}
+
+
+def test_run_prints_progress_per_batch(clean_run):
+    assert "[pipeline] scores: 24 chains to do" in clean_run.output
+    assert "[pipeline] scores: batch 2/2 committed, 24/24 chains (100%)" in clean_run.output
+    assert "[pipeline] ingest: read=28 new chains=24 already present=0 quarantined=4" in clean_run.output
+
+
+def test_print_summary_tables_and_locations(clean_run, capsys):
+    settings = _clean_settings(clean_run.input, clean_run.lake, clean_run.lake.parent)
+    pipeline.print_summary(clean_run.summary, settings)
+    out = capsys.readouterr().out
+    assert "Nightly pipeline summary" in out and "chain_scores" in out
+    assert "pass rate:" in out and "slowest stage:" in out
+    assert f"Delta tables: {clean_run.lake}" in out
+    assert "MLflow: (not logged)" in out
+
+
+def test_run_second_run_over_unchanged_input_writes_nothing(spark, clean_run, tmp_path):
+    settings = _copy_of_clean(clean_run, tmp_path)
+    before = _state(spark, settings)
+    again = Fakes()
+    summary = _run(spark, settings, again)
+    assert _state(spark, settings) == before  # every table's version and row count
+    assert again.seen_steps == [] and again.nli_calls == 0
+    assert [s.chains for s in summary.stages] == [0, 0, 0, 0, 0]
+    assert summary.stages[0].skipped  # ingest: no new or changed input file
+
+
+def test_run_new_input_file_scores_only_its_chains(spark, clean_run, tmp_path):
+    shutil.copytree(clean_run.input, tmp_path / "input")
+    settings = _copy_of_clean(clean_run, tmp_path, f"ingest.input={tmp_path / 'input'}")
+    old_scores = _stable(spark, settings, "chain_scores").collect()
+    new_ids = ["night2-a", "night2-b", "night2-c"]
+    _new_chains_file(tmp_path / "input", new_ids)
+    # The same chain again in a new file (same id, same content): ingested once, scored once.
+    first = (tmp_path / "input" / "gsm8k_sample.jsonl").read_text().splitlines()[0]
+    (tmp_path / "input" / "night2_dup.jsonl").write_text(first + "\n")
+    fakes = Fakes()
+    summary = _run(spark, settings, fakes)
+    assert sorted(fakes.seen_steps) == new_ids
+    assert sorted(fakes.seen_nli) == new_ids and sorted(fakes.seen_pvi) == new_ids
+    assert summary.rows_after["chains"] == 27 and summary.rows_after["chain_scores"] == 27
+    assert summary.curation.counts["batch"] == 3
+    assertDataFrameEqual(
+        _stable(spark, settings, "chain_scores").where(~F.col("chain_id").isin(*new_ids)), old_scores
+    )
+
+
+def test_run_raising_mid_scoring_then_rerun_equals_clean_run(spark, clean_run, tmp_path):
+    settings = _clean_settings(clean_run.input, tmp_path / "lake", tmp_path)
+    crashing = Fakes(fail_nli_call=2)  # batch 1 of 2 commits, batch 2 raises
+    with pytest.raises(RuntimeError, match="injected failure"):
+        _run(spark, settings, crashing)
+    scored_first = tables.read(spark, settings.table("step_scores")).select("chain_id").distinct().count()
+    assert 0 < scored_first < 24
+    assert not tables.exists(spark, settings.table("chain_scores"))
+    resumed = Fakes()
+    _run(spark, settings, resumed)
+    # Only the missing work: steps were all done, scoring resumes with the chains not scored yet.
+    assert resumed.seen_steps == []
+    assert len(resumed.seen_nli) == 24 - scored_first
+    _assert_lakes_equal(spark, settings, _clean_settings(clean_run.input, clean_run.lake, tmp_path))
+
+
+def _assert_lakes_equal(spark, a, b) -> None:
+    """Every result table equal row for row (timestamps and run ids aside); absent from both counts as equal."""
+    for name in RESULT_TABLES:
+        present = tables.exists(spark, a.table(name)), tables.exists(spark, b.table(name))
+        assert present[0] == present[1], name
+        if present[0]:
+            assertDataFrameEqual(_stable(spark, a, name), _stable(spark, b, name))
+
+
+def test_run_changed_model_scores_under_new_hash_only(spark, clean_run, tmp_path):
+    settings = _copy_of_clean(clean_run, tmp_path)
+    old_hash = settings.scoring_hash()
+    old_rows = {n: _stable(spark, settings, n).collect() for n in ("steps", "step_scores", "chain_scores", "curated")}
+    changed = _clean_settings(clean_run.input, tmp_path / "lake", tmp_path, "models.nli.path=models/another-nli")
+    assert changed.scoring_hash() != old_hash
+    fakes = Fakes()
+    summary = _run(spark, changed, fakes)
+    assert len(fakes.seen_nli) == 24
+    assert summary.stages[0].skipped  # no new input: only the new hash's rows are written
+    for name, rows in old_rows.items():
+        assertDataFrameEqual(_stable(spark, settings, name).where(F.col("config_hash") == old_hash), rows)
+    per_hash = dict(tables.read(spark, settings.table("chain_scores")).groupBy("config_hash").count().collect())
+    assert per_hash == {old_hash: 24, changed.scoring_hash(): 24}
+
+
+@pytest.mark.slow
+def test_run_rescore_recomputes_current_hash(spark, clean_run, tmp_path):
+    settings = _copy_of_clean(clean_run, tmp_path)
+    expected = {n: _stable(spark, settings, n).collect() for n in ("step_scores", "chain_scores", "curated")}
+    fakes = Fakes()
+    _run(spark, _clean_settings(clean_run.input, tmp_path / "lake", tmp_path, "pipeline.rescore=true"), fakes)
+    assert len(fakes.seen_nli) == 24
+    for name, rows in expected.items():
+        assertDataFrameEqual(_stable(spark, settings, name), rows)
+
+
+def test_run_failed_chains_recorded_once_and_not_retried(spark, make_settings, tmp_path):
+    folder = tmp_path / "small_input"
+    folder.mkdir()
+    _new_chains_file(folder, ["fails-at-steps"], "bad_steps.jsonl")
+    text = (folder / "bad_steps.jsonl").read_text().replace("First step", QUARANTINE_MARK)
+    (folder / "bad_steps.jsonl").write_text(text)
+    _new_chains_file(folder, ["fails-at-nli", "scores-fine"], "two.jsonl")
+    settings = _settings(make_settings, folder)
+    summary = _run(spark, settings, Fakes(error_chain="fails-at-nli"))
+    unscored = {r["chain_id"]: r["stage"] for r in tables.read(spark, settings.table("unscored")).collect()}
+    assert unscored == {"fails-at-steps": "steps", "fails-at-nli": "scores"}
+    assert summary.rows_after["chain_scores"] == 1
+    q = tables.read(spark, settings.table("quarantine")).where(F.col("chain_id").isNotNull())
+    reasons = sorted((r["chain_id"], r["stage"], r["reason"]) for r in q.collect())
+    # The NLI failure quarantines every step of its chain (3 steps).
+    assert reasons == [("fails-at-nli", "score", "nli_error")] * 3 + [("fails-at-steps", "steps", "fake_failure")]
+    again = Fakes(error_chain="fails-at-nli")
+    _run(spark, _settings(make_settings, folder, "pipeline.skip_unchanged_input=false"), again)
+    assert again.seen_steps == [] and again.nli_calls == 0
+
+
+def test_main_logs_parent_run_with_stage_children(spark, make_settings, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    folder = tmp_path / "small_input"
+    folder.mkdir()
+    _new_chains_file(folder, ["m-1", "m-2", "m-3"])
+    settings = make_settings()
+    argv = [f"--set=paths.lake={settings.paths.lake}", f"--set=ingest.input={folder}",
+            f"--set=mlflow.tracking_uri={settings.mlflow.tracking_uri}",
+            f"--set=mlflow.artifact_location={settings.mlflow.artifact_location}",
+            "--set=pipeline.progress=plain", "--set=curation.thresholds={intra_entail: 0.3}"]
+    summary = pipeline.main(argv, transforms=Fakes().transforms())
+    client = MlflowClient(settings.mlflow.tracking_uri)
+    parent = client.get_run(summary.mlflow_run_id)
+    assert parent.data.tags["version_after.chain_scores"] == str(tables.version(spark, settings.table("chain_scores")))
+    assert parent.data.metrics["rows.chain_scores"] == 3
+    children = client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
+    by_name = {c.data.tags["mlflow.runName"]: c for c in children}
+    assert set(by_name) == {"ingest", "steps", "scores", "aggregate", "curate"}
+    scores = by_name["scores"].data
+    assert scores.tags["input_version.steps"] == str(tables.version(spark, settings.table("steps")))
+    assert scores.tags["output_version_before.step_scores"] == "None"
+    assert scores.metrics["chains"] == 3
+    curate = by_name["curate"]
+    assert "pass_rate.all" in curate.data.metrics
+    artifacts = {a.path for a in client.list_artifacts(curate.info.run_id, "curation")}
+    assert "curation/hist_intra_entail.png" in artifacts and "curation/rules.json" in artifacts
+    reports = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert reports == {"report/pipeline_report.html"}
+
+
+# -- real stages (spaCy steps, tiny NLI / T5 / GPT-2 models) -----------------------------------------------
+def _real_argv(lake: Path, tmp_path: Path, lake_input: Path, *extra: str) -> list[str]:
+    return [
+        f"--set=paths.lake={lake}",
+        f"--set=ingest.input={lake_input}",
+        f"--set=mlflow.tracking_uri=sqlite:///{tmp_path}/mlruns.db",
+        f"--set=mlflow.artifact_location={tmp_path}/mlartifacts",
+        "--set=spark.master=local[2]",
+        "--set=spark.shuffle_partitions=2",
+        "--set=models.profile=offline",
+        "--set=pipeline.batch_chains=8",
+        "--set=pipeline.progress=plain",
+        *extra,
+    ]
+
+
+@pytest.mark.slow
+def test_main_sample_lake_offline_profile_end_to_end(spark, tiny_models, tmp_path, lake_input, capsys):
+    summary = pipeline.main(_real_argv(tmp_path / "lake", tmp_path, lake_input))
+    out = capsys.readouterr().out
+    assert summary.rows_after["chains"] == 24
+    assert summary.rows_after["chain_scores"] + summary.rows_after["unscored"] == 24
+    assert summary.rows_after["chain_scores"] > 0
+    assert "Nightly pipeline summary" in out and "MLflow: run " in out
+    assert summary.report_html and "<html" in summary.report_html
+
+
+@pytest.mark.slow
+def test_main_killed_driver_then_rerun_equals_clean_run(spark, tiny_models, tmp_path, lake_input):
+    clean_lake, killed_lake = tmp_path / "clean", tmp_path / "killed"
+    pipeline.main(_real_argv(clean_lake, tmp_path, lake_input))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "jobs.pipeline", *_real_argv(killed_lake, tmp_path, lake_input)]
+    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+    marker = "[pipeline] scores: batch 1/"
+    lines, deadline = [], time.time() + 600
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if marker in line and "committed" in line:
+                break
+            assert time.time() < deadline, "".join(lines)
+        else:
+            pytest.fail("the pipeline ended before the marker:\n" + "".join(lines))
+    finally:
+        # The driver and the JVM it started (same session group) die without any cleanup.
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    scored = tables.read(spark, str(killed_lake / "step_scores")).select("chain_id").distinct().count()
+    assert 0 < scored < 24
+    settings = pipeline.main(_real_argv(killed_lake, tmp_path, lake_input))
+    assert settings.rows_after["chain_scores"] > 0
+    from jobs.config import load_settings
+
+    _assert_lakes_equal(spark, load_settings(overrides=[f"paths.lake={killed_lake}"], environ={}),
+                        load_settings(overrides=[f"paths.lake={clean_lake}"], environ={}))

@@ -1,0 +1,134 @@
+"""HTML run report: escaping of untrusted chain text, worst-step highlighting, rendering in headless Chromium."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from jobs import report
+from jobs.curate import CurationResult
+from schemas import chain_scores as CS
+from schemas import step_scores as SS
+from schemas import steps as ST
+
+HOSTILE = '<script>alert("x")</script><img src=x onerror="alert(1)">'
+
+
+def _chain(chain_id: str, texts: list[str], worst: int, ie: float) -> tuple[dict, dict]:
+    row = {CS.CHAIN_ID: chain_id, CS.N_STEPS: len(texts)}
+    for m in CS.METRIC_NAMES:
+        row[CS.min_col(m)] = ie
+        row[CS.worst_step_col(m)] = worst
+    steps = {
+        i: {ST.STEP_TEXT: t, ST.PREMISE_RCUS: [f"premise {i} {HOSTILE}"], ST.CONCLUSION_RCU: f"conclusion {i}"}
+        for i, t in enumerate(texts)
+    }
+    scores = {
+        i: {SS.INTRA_ENTAIL: 0.5, SS.INTRA_PREMISE: "p", SS.INTER: 0.2, SS.INTER_MAX_CONTRADICTION: 0.8,
+            SS.INTER_WORST_PREMISE: f"context says {HOSTILE}", SS.INTER_WORST_SOURCE: "context",
+            SS.INTRA_PVI: -0.1, SS.PVI_G: -1.0, SS.PVI_NULL: -0.9, SS.INFO_GAIN: 0.1 * (i - 1),
+            SS.IG_L_PREV: -2.0 + 0.1 * i, SS.IG_L: -1.9 + 0.1 * i}
+        for i in range(len(texts))
+    }
+    detail = {"chain": {"context": f"Context {HOSTILE}", "question": "Q?", "answer": "7", "gold_answer": "8"},
+              "steps": steps, "scores": scores}
+    return row, detail
+
+
+def _page() -> str:
+    row, detail = _chain("chain-<1>", ["She had 3 apples.", f"Then {HOSTILE} happened.", "So 7."], 1, 0.12)
+    curation = CurationResult(
+        counts={"batch": 10, "run_passed": 6, "run_failed": 4},
+        rules=[{"id": "threshold:intra_entail_min>=0.5", "kind": "threshold", "column": "intra_entail_min",
+                "bound": 0.5}],
+        pass_rates={"all": 0.6, "threshold:intra_entail_min>=0.5": 0.6},
+        labels={"clean": {"precision": 0.75, "recall": 0.5, "n": 10.0}},
+        histograms={},
+    )
+    return report.render(
+        title="ReCEval nightly scoring report",
+        meta=[("run", "r1"), ("input", f"/lake/{HOSTILE}")],
+        table_rows=[("chains", 10, 3, "0", "1")],
+        stage_rows=[("scores", 10, 2.5, 4.0)],
+        curation=curation,
+        scope_note="chains curated in this run",
+        worst={m: [row] for m in CS.METRIC_NAMES},
+        details={"chain-<1>": detail},
+    )
+
+
+def test_render_escapes_untrusted_text():
+    page = _page()
+    assert "<script" not in page and "onerror=\"" not in page and "<img src=x" not in page
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+    assert "chain-&lt;1&gt;" in page
+
+
+def test_render_highlights_worst_step_and_explains_it():
+    page = _page()
+    # One chain block per metric, each with exactly its worst step (index 1) highlighted.
+    worst_items = re.findall(r'<li class="worst">([^<]*)</li>', page)
+    assert worst_items == ["Then &lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&lt;img src=x "
+                           "onerror=&quot;alert(1)&quot;&gt; happened."] * 4
+    assert page.count("Why step 1 scored low") == 4
+    assert "conclusion 1" in page and "context says &lt;script&gt;" in page
+    assert "P(contradiction) = 0.8000" in page
+    assert "-0.1000 = -1.0000 - -0.9000" in page  # intra_pvi = log p_g - log p_g'
+    assert page.count("<svg") == 4  # the information-gain curve of each block
+
+
+def test_curve_svg_marks_point_after_worst_step():
+    svg = report.curve_svg([-2.0, -1.5, -1.6, -1.0], highlight=1)
+    circles = re.findall(r'<circle [^>]*r="([\d.]+)" fill="([^"]+)"', svg)
+    assert [c[1] for c in circles] == ["#4c72b0", "#4c72b0", "#d33", "#4c72b0"]
+    assert "no information-gain curve" in report.curve_svg([None, None], highlight=0)
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed (apt-get install -y chromium)")
+def test_render_in_headless_chromium_screenshot(tmp_path: Path):
+    from PIL import Image
+
+    page = tmp_path / "report.html"
+    page.write_text(_page())
+    shot = tmp_path / "report.png"
+    cmd = [
+        _chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
+        "--window-size=1200,1600", page.as_uri(),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    image = Image.open(shot).convert("L")
+    assert image.size == (1200, 1600)
+    # Rendered text and tables: many dark pixels, and the highlighted worst step's pink background.
+    dark = sum(1 for v in image.getdata() if v < 100)
+    assert dark > 2000
+    rgb = Image.open(shot).convert("RGB")
+    assert any(px == (255, 227, 227) for px in rgb.getdata())
+
+
+def test_build_from_pipeline_run_reports_worst_chain(spark, make_settings, tmp_path):
+    from pipeline_fakes import Fakes
+
+    from jobs import pipeline, tables
+    from jobs.tracking import JobRun
+
+    settings = make_settings("pipeline.batch_chains=100", "pipeline.progress=plain", "pipeline.report_worst_n=2")
+    summary = pipeline.run(spark, settings, JobRun("pipeline", settings), Fakes().transforms())
+    page = summary.report_html
+    assert page is not None and "chains curated in this run" in page
+    lowest = (
+        tables.read(spark, settings.table("chain_scores"))
+        .orderBy(CS.min_col("intra_entail"), CS.CHAIN_ID).first()[CS.CHAIN_ID]
+    )
+    section = page.split("<h3>intra_entail</h3>")[1].split("<h3>")[0]
+    assert section.index(f"<b>{lowest}</b>") >= 0
+    assert section.count('<div class="chain">') == 2
+    assert page.count("data:image/png;base64,") == 4  # one histogram per metric

@@ -1,0 +1,75 @@
+"""NLI and PVI outputs joined into step_scores; a chain with a failed or missing step is quarantined whole."""
+
+from __future__ import annotations
+
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from jobs import score
+from schemas import step_scores as SS
+from schemas import steps as ST
+
+
+def _steps(spark, h: str):
+    rows = [(cid, h, i, n, f"{cid} step {i}", [], f"c{i}", "newline", "position", "fake")
+            for cid, n in (("ok", 2), ("nli-err", 2), ("pvi-gap", 1)) for i in range(n)]
+    return spark.createDataFrame(rows, ST.SCHEMA)
+
+
+def _contexts(spark, h: str):
+    return spark.createDataFrame([(c, h, ["X."], "7", "given") for c in ("ok", "nli-err", "pvi-gap")],
+                                 ST.CONTEXTS_SCHEMA)
+
+
+def _nli(steps, contexts, settings):
+    return steps.select(
+        ST.CHAIN_ID, ST.STEP_IDX,
+        (F.col(ST.STEP_IDX) * 0.25 + 0.5).alias(SS.INTRA_ENTAIL), F.lit("p").alias(SS.INTRA_PREMISE),
+        F.lit(0.9).alias(SS.INTER), F.lit(0.1).alias(SS.INTER_MAX_CONTRADICTION),
+        F.lit("X.").alias(SS.INTER_WORST_PREMISE), F.lit("context").alias(SS.INTER_WORST_SOURCE),
+        F.when((F.col(ST.CHAIN_ID) == "nli-err") & (F.col(ST.STEP_IDX) == 1), "CUDA out of memory").alias("error"),
+    )
+
+
+def _pvi(steps, contexts, settings):
+    # No row at all for the pvi-gap chain: a step the PVI transform lost.
+    return steps.where(F.col(ST.CHAIN_ID) != "pvi-gap").select(
+        ST.CHAIN_ID, ST.STEP_IDX, F.lit(-0.5).alias(SS.INTRA_PVI), F.lit(-1.0).alias(SS.PVI_G),
+        F.lit(-0.5).alias(SS.PVI_NULL), (F.col(ST.STEP_IDX) * 1.0).alias(SS.INFO_GAIN),
+        F.lit(-2.0).alias(SS.IG_L_PREV), (F.col(ST.STEP_IDX) - 2.0).alias(SS.IG_L),
+    )
+
+
+def test_transform_joins_scores_and_quarantines_whole_chains(spark, settings):
+    h = settings.scoring_hash()
+    good, bad = score.transform(_steps(spark, h), _contexts(spark, h), settings, nli=_nli, pvi=_pvi)
+    m = settings.models
+    expected = spark.createDataFrame(
+        [("ok", i, h, 0.5 + 0.25 * i, "p", 0.9, 0.1, "X.", "context", -0.5, -1.0, -0.5, float(i), -2.0, i - 2.0,
+          m.nli.path, None, m.pvi_g.path, m.pvi_null.path, m.info_gain.path, None) for i in range(2)],
+        SS.SCHEMA,
+    )
+    assertDataFrameEqual(good.drop(SS.SCORED_AT), expected.drop(SS.SCORED_AT))
+    assert good.where(F.col(SS.SCORED_AT).isNull()).count() == 0
+    got = sorted((r["chain_id"], r["reason"], r["detail"], r["source"]) for r in bad.collect())
+    assert got == [
+        ("nli-err", "chain_has_failed_step", "another step of this chain failed to score", f"config_hash:{h}"),
+        ("nli-err", "nli_error", "nli: CUDA out of memory", f"config_hash:{h}"),
+        ("pvi-gap", "missing_score", "pvi: no score for the step", f"config_hash:{h}"),
+    ]
+    assert {r["stage"] for r in bad.collect()} == {"score"}
+
+
+def test_run_writes_once_and_reruns_add_nothing(spark, settings):
+    from jobs import tables
+
+    h = settings.scoring_hash()
+    args = (spark, settings, _steps(spark, h), _contexts(spark, h), "run-1")
+    first = score.run(*args, nli=_nli, pvi=_pvi)
+    assert first == {"steps": 5, "written": 2, "quarantined": 3}
+    version = tables.version(spark, settings.table("step_scores"))
+    again = score.run(*args, nli=_nli, pvi=_pvi)
+    assert again["written"] == 0
+    assert tables.version(spark, settings.table("step_scores")) in (version, version + 1)
+    assert tables.read(spark, settings.table("step_scores")).count() == 2
+    assert tables.read(spark, settings.table("quarantine")).count() == 3
