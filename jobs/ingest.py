@@ -28,7 +28,10 @@ from schemas import chains as C
 from schemas import quarantine as Q
 
 RAW = "raw"
-REPLACEMENT_CHAR = "\ufffd"  # what Spark's UTF-8 decoding leaves for undecodable bytes
+REPLACEMENT_CHAR = "\ufffd"  # what make_valid_utf8 leaves for undecodable bytes
+BOM = "\ufeff"
+# read_raw's stand-in row for a file Spark cannot read (truncated Parquet): quarantined as unreadable_file.
+UNREADABLE = "_receval_unreadable_file"
 
 _VALIDATED = StructType(
     [
@@ -69,13 +72,22 @@ def _text(field: str, value: Any, limit: int, required: bool = False) -> str | N
     if isinstance(value, float) and not math.isfinite(value):
         raise RowError("wrong_type", f"field {field!r} is {value}")
     text = str(value)
-    if REPLACEMENT_CHAR in text:
+    if REPLACEMENT_CHAR in text or not _encodable(text):
         raise RowError("undecodable_text", f"field {field!r} holds bytes that are not valid UTF-8")
     if len(text) > limit:
         raise RowError("oversized", f"field {field!r} has {len(text)} characters (limit {limit})")
     if required and not text.strip():
         raise RowError(f"empty_{field}", f"field {field!r} is empty")
     return text
+
+
+def _encodable(text: str) -> bool:
+    """False for lone surrogates (JSON `"\\ud800"`): Arrow cannot carry them as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _text_list(field: str, value: Any, limit: int, max_items: int) -> list[str] | None:
@@ -125,11 +137,14 @@ def validate(raw: str | None, cfg: IngestSettings) -> dict[str, Any]:
     if raw is None or not raw.strip():
         raise RowError("empty_row", "the input row is empty")
     try:
-        row = json.loads(raw)
+        # A byte-order mark starts many files written on Windows; it is not part of the row.
+        row = json.loads(raw.lstrip(BOM))
     except (json.JSONDecodeError, RecursionError) as err:
         raise RowError("not_json", f"row is not valid JSON: {err}") from None
     if not isinstance(row, dict):
         raise RowError("not_object", f"row is JSON {type(row).__name__}, not an object")
+    if UNREADABLE in row:
+        raise RowError("unreadable_file", f"{row[UNREADABLE]}: {row.get('error')}")
     m, limit = cfg.mapping, cfg.max_field_chars
     record: dict[str, Any] = {
         C.DATASET: _text("dataset", _lookup(row, m.get("dataset")), limit) or cfg.dataset,
@@ -162,17 +177,27 @@ def validate(raw: str | None, cfg: IngestSettings) -> dict[str, Any]:
     return record
 
 
-def validate_series(raw: pd.Series, cfg: IngestSettings) -> pd.DataFrame:
+def validate_series(raw: pd.Series, cfg: IngestSettings, on_error: str = "quarantine") -> pd.DataFrame:
+    """`on_error` (runtime.on_row_error): what an unexpected exception on one row does; `fail` re-raises."""
     rows = []
     for text in raw:
         try:
             rec = validate(text, cfg)
-            rows.append((json.dumps(rec, ensure_ascii=False), None, None, rec[C.CHAIN_ID]))
+            record = json.dumps(rec, ensure_ascii=False)
+            if not _encodable(record):  # a lone surrogate in a label or metadata key
+                raise RowError("undecodable_text", "a key holds text that is not valid UTF-8")
+            rows.append((record, None, None, rec[C.CHAIN_ID]))
         except RowError as err:
-            rows.append((None, err.reason, err.detail, None))
+            rows.append((None, err.reason, _safe(err.detail), None))
         except Exception as err:  # a validator bug must quarantine the row, not fail the night
-            rows.append((None, "validator_error", f"{type(err).__name__}: {err}", None))
+            if on_error == "fail":
+                raise
+            rows.append((None, "validator_error", _safe(f"{type(err).__name__}: {err}"), None))
     return pd.DataFrame(rows, columns=["record", "error", "detail", "chain_id"])
+
+
+def _safe(text: str) -> str:
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def input_files(pattern: str) -> list[str]:
@@ -186,37 +211,73 @@ def input_files(pattern: str) -> list[str]:
 
 def read_raw(spark: SparkSession, cfg: IngestSettings) -> DataFrame:
     """Input -> (raw JSON text, source). Unreadable files become a quarantine row, not a crash."""
+    files = input_files(cfg.input)
+    if not files:
+        raise FileNotFoundError(
+            f"ingest.input={cfg.input!r} matches no .jsonl, .json or .parquet file and no Delta table "
+            f"(looked at {resolve_path(cfg.input)})"
+        )
     parts: list[DataFrame] = []
     empty = spark.createDataFrame([], "raw string, source string")
-    for path in input_files(cfg.input):
+    for path in files:
         fmt = cfg.format
         if fmt == "auto":
             fmt = "delta" if Path(path, "_delta_log").is_dir() else ("parquet" if path.endswith(".parquet") else "jsonl")
         try:
             if fmt == "jsonl":
-                df = spark.read.text(path).select(F.col("value").alias(RAW))
+                # Spark keeps invalid UTF-8 bytes as they are and Arrow then fails the whole batch;
+                # U+FFFD in their place lets the validator quarantine just that row.
+                df = spark.read.text(path).select(F.make_valid_utf8(F.col("value")).alias(RAW))
             else:
+                if fmt == "parquet":
+                    # A footer check here spares Spark a job that fails (and is retried) on every executor.
+                    import pyarrow.parquet as pq
+
+                    pq.read_metadata(path)
                 df = spark.read.format("delta" if fmt == "delta" else "parquet").load(path)
                 df = df.select(F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias(RAW))
             df = df.where(F.trim(F.col(RAW)) != "") if fmt == "jsonl" else df
             df.schema  # noqa: B018 - forces the footer read so a corrupt file fails here
             parts.append(df.withColumn("source", F.lit(path)))
         except Exception as err:  # a truncated Parquet file, an unreadable folder
-            msg = json.dumps({"unreadable_file": path, "error": str(err)[:500]})
+            # The error's class, not its text: the text names task ids, and the quarantine row must be
+            # the same on a rerun so it is not added twice.
+            condition = getattr(err, "getCondition", None)
+            kind = (condition() if callable(condition) else None) or type(err).__name__
+            msg = json.dumps({UNREADABLE: path, "error": kind})
             parts.append(spark.createDataFrame([(msg, path)], "raw string, source string"))
     out = empty
     for part in parts:
         out = out.unionByName(part)
-    return out
+    # One partition per small file would make every later stage run a task (and a Python worker
+    # round trip) per file; big files keep their splits (about one per 64 MB).
+    size = sum(_size(p) for p in files)
+    target = max(spark.sparkContext.defaultParallelism, math.ceil(size / (64 << 20)))
+    return out.coalesce(target)
 
 
-def transform(raw: DataFrame, cfg: IngestSettings) -> tuple[DataFrame, DataFrame]:
-    """(raw, source) rows -> (valid chains, rejected rows with reason). Pure: no reads or writes."""
+def _size(path: str) -> int:
+    p = Path(path)
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
+
+
+def check(raw: DataFrame, cfg: IngestSettings, on_error: str = "quarantine") -> DataFrame:
+    """(raw, source) rows + `v`, the validator's verdict (record, error, detail, chain_id)."""
 
     def _validate(batch: pd.Series) -> pd.DataFrame:
-        return validate_series(batch, cfg)
+        return validate_series(batch, cfg, on_error)
 
-    checked = raw.withColumn("v", F.pandas_udf(_validate, _VALIDATED)(F.col(RAW)))
+    return raw.withColumn("v", F.pandas_udf(_validate, _VALIDATED)(F.col(RAW)))
+
+
+def transform(
+    raw: DataFrame, cfg: IngestSettings, on_error: str = "quarantine"
+) -> tuple[DataFrame, DataFrame]:
+    """(raw, source) rows -> (valid chains, rejected rows with reason). Pure: no reads or writes.
+
+    `raw` may come already `check`ed (run caches that, so the validator runs once per row).
+    """
+    checked = raw if "v" in raw.columns else check(raw, cfg, on_error)
     good = checked.where(F.col("v.error").isNull())
     bad = checked.where(F.col("v.error").isNotNull())
     record_schema = StructType([f for f in C.SCHEMA.fields if f.name not in (C.SOURCE, C.INGESTED_AT)])
@@ -251,9 +312,10 @@ def transform(raw: DataFrame, cfg: IngestSettings) -> tuple[DataFrame, DataFrame
 
 def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> dict[str, int]:
     """Ingest into the lake; returns the reconciled counts."""
-    raw = read_raw(spark, settings.ingest).cache()
+    # Cached after validation: the good and the bad branch (and every count) reuse one verdict per row.
+    raw = check(read_raw(spark, settings.ingest), settings.ingest, settings.runtime.on_row_error).cache()
     n_read = raw.count()
-    chains, rejected = transform(raw, settings.ingest)
+    chains, rejected = transform(raw, settings.ingest, settings.runtime.on_row_error)
     chains = chains.cache()
     path = settings.table("chains")
     existing = tables.read(spark, path, C.SCHEMA).select(C.CHAIN_ID, F.col(C.CONTENT_HASH).alias("_old"))

@@ -46,6 +46,9 @@ def build_session(spark: SparkSettings, extra: dict[str, str] | None = None) -> 
         .config("spark.sql.extensions", DELTA_EXTENSION)
         .config("spark.sql.catalog.spark_catalog", DELTA_CATALOG)
         .config("spark.sql.shuffle.partitions", str(spark.shuffle_partitions))
+        # Delta rebuilds a table's state from its log in 50 partitions by default: 50 tasks for every
+        # read or MERGE of a small table. Sized like the other shuffles (spark.conf can override).
+        .config("spark.databricks.delta.snapshotPartitions", str(spark.shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")

@@ -106,7 +106,8 @@ def load_model(
     trust_remote_code: bool = False,
 ) -> tuple[Any, Any]:
     """(model, tokenizer), loaded once per Python worker and kept; safetensors only."""
-    key = (path, family, device, dtype, revision)
+    # trust_remote_code is in the key: a model cached with remote code must not serve a caller without it.
+    key = (path, family, device, dtype, revision, trust_remote_code)
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
