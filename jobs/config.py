@@ -10,7 +10,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -43,6 +43,17 @@ class PathSettings(Section):
     lake: str = "lake"
     models: str = "models"
     checkpoints: str = "lake/_checkpoints"
+
+    @field_validator("lake", "checkpoints")
+    @classmethod
+    def _writable_folder(cls, value: str) -> str:
+        # Jobs create and overwrite tables under these folders: a typo must not aim them at / or $HOME.
+        if not value.strip():
+            raise ValueError("must name a folder, got an empty path")
+        resolved = resolve_path(value.strip()).resolve()
+        if resolved in (Path(resolved.anchor), Path.home().resolve(), PROJECT_ROOT.resolve()):
+            raise ValueError(f"{value!r} resolves to {resolved}; name a folder of its own, e.g. {value.rstrip('/')}/lake")
+        return value
 
 
 class MlflowSettings(Section):
@@ -119,22 +130,32 @@ class StepsSettings(Section):
     extractor: Literal["spacy", "srl"] = "spacy"
     srl_model: str | None = None
     batch_size: int = Field(64, ge=1)
+    # Missing a_hat: the text after the last of these (case-insensitive), else the last conclusion RCU.
+    answer_indicators: list[str] = Field(default_factory=lambda: ["answer is", "[ANSWER]"])
+    # GSM-8K "<<3+4=7>>" calculator annotations are tool markup, not reasoning text.
+    strip_calculator: bool = True
 
 
 History = Literal["all", "none"] | int
 
 
 class NliSettings(Section):
-    intra_history: Literal["all", "none"] | int = "all"
-    inter_history: Literal["all"] | int = "all"
-    batch_size: int | None = None  # None: runtime.batch_size
-    max_length: int | None = None
+    # Earlier conclusions added to the intra premise: all (official code), none, or the last k (k >= 1).
+    intra_history: Literal["all", "none"] | Annotated[int, Field(ge=1)] = "all"
+    # Earlier conclusions checked for contradiction: all (the paper's best) or the last k.
+    inter_history: Literal["all"] | Annotated[int, Field(ge=1)] = "all"
+    batch_size: int | None = Field(None, ge=1)  # None: runtime.batch_size
+    max_length: int | None = Field(None, ge=8)  # None: runtime.max_length; the premise is cut first
 
 
 class PviSettings(Section):
+    # Input format of L(k): causal (a plain LM, the official default) or seq2seq ("Generate final answer:"
+    # prefix); must match models.info_gain.family.
     info_gain_family: Literal["causal", "seq2seq"] = "causal"
-    batch_size: int | None = None
-    max_length: int | None = None
+    # Earlier conclusions joined to g's premises: all (the spec), none, or the last k.
+    intra_history: Literal["all", "none"] | Annotated[int, Field(ge=1)] = "all"
+    batch_size: int | None = Field(None, ge=1)  # None: runtime.batch_size
+    max_length: int | None = Field(None, ge=8)  # None: runtime.max_length; sources are cut from the left
 
 
 class TrainPviSettings(Section):
@@ -143,14 +164,20 @@ class TrainPviSettings(Section):
     train_path: str = "../shared/data/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_1/dev.jsonl"
     dev_path: str = "../shared/data/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_1/test.jsonl"
     output_dir: str = "models/pvi"
-    lr: float = 3e-5
-    weight_decay: float = 0.1
-    epochs: int = 10
-    batch_size: int = 16
-    patience: int = 2
-    max_steps: int | None = None
-    max_train_rows: int | None = None
-    max_dev_rows: int | None = None
+    # Paper recipe; the official code uses weight decay 0.01.
+    lr: float = Field(3e-5, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    epochs: int = Field(10, ge=1)
+    batch_size: int = Field(16, ge=1)
+    # Early stopping: epochs without a dev ROUGE-L gain larger than min_delta.
+    patience: int = Field(2, ge=1)
+    min_delta: float = Field(0.0, ge=0)
+    max_steps: int | None = Field(None, ge=1)  # optimizer steps over all epochs (smoke runs)
+    max_train_rows: int | None = Field(None, ge=1)  # training pairs kept
+    max_dev_rows: int | None = Field(None, ge=1)  # dev pairs kept
+    max_source_length: int = Field(512, ge=8)
+    max_target_length: int = Field(128, ge=4)
+    eval_max_new_tokens: int = Field(64, ge=1)
     seed: int = 0
 
 
@@ -163,38 +190,188 @@ class PerturbSettings(Section):
     eb_task2_test: str = "../shared/data/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_2/test.jsonl"
     types: list[str] = Field(default_factory=lambda: ["HALL", "NEG", "SWAP", "REP", "PAR", "RED", "REMOVE"])
     seed: int = 0
-    clean_fraction: float = 0.5
+    clean_fraction: float = Field(0.5, ge=0, le=1)
+    min_steps: int = Field(2, ge=1)  # official: proof.count(';') > 1
+    max_rows: int | None = None  # first N kept trees (tests, smoke runs)
+    dataset_prefix: str = "eb_challenge"
+    paraphrase_prefix: str = "paraphrase: "
+    paraphrase_max_new_tokens: int = Field(48, ge=1)
+    paraphrase_num_beams: int = Field(4, ge=1)  # return sequences too: the first that differs is used
 
 
 class MetaEvalSettings(Section):
     bootstrap_resamples: int = 1000
     spark_threshold: int = 5000  # groups larger than this use the Spark-native AUC path
     seed: int = 0
+    ci_level: float = Field(0.95, gt=0, lt=1)
+    # None: Settings.scoring_hash(), the ReCEval scores of the current configuration.
+    config_hash: str | None = None
+    # chain_scores columns evaluated (booleans count as 0/1); baseline_scores metrics are all evaluated.
+    metrics: list[str] = Field(
+        default_factory=lambda: [
+            "intra_entail_min", "intra_pvi_min", "inter_min", "info_gain_min", "api_1", "api_2", "api_3",
+        ]
+    )
+    datasets: list[str] | None = None  # None: every dataset with labels
+    include_baselines: bool = True
+
+
+class HumanLabelSettings(Section):
+    """Annotated CSV in ROSCOE's shape -> `chains` with labels; every column name comes from here."""
+
+    annotated: str = "../shared/data/roscoe/annotated/gsm8k.csv"
+    generated: str = "../shared/data/roscoe/generated/gsm8k.json"
+    dataset: str = "gsm8k_roscoe"
+    max_rows: int | None = None  # first N annotated rows (smoke runs)
+    example_idx: str = "metadata_example_idx"  # 0-based line in `generated`
+    generated_key: str = "key"
+    generated_context: str = "premise"
+    generated_gold: str = "hypothesis"  # gold solution; the text after gold_marker is the gold answer
+    gold_prefix: str = "IGNORE THIS. Ground truth here for reference."
+    answer_marker: str = "A:"
+    step_text: str = "{n}_step_text"
+    step_prefix: str = r"^\s*Step \d+\s*-\s*"
+    step_result: str = "{n}_step_step_questions_{q}_result"
+    chain_result: str = "0_full_{q}_result"
+    max_steps: int = 20
+    error_value: str = "yes"  # a yes/no question answered this way marks an error (label 0)
+    ok_value: str = "no"
+    strip_calculator: bool = True  # drop GSM-8K's <<3+4=7>> calculator annotations from step texts
+    # label name -> question; step questions: min over steps; chain flags: yes/no at chain level.
+    step_labels: dict[str, str] = Field(
+        default_factory=lambda: {
+            "COM": "newWorldKnowledge",
+            "FACT": "newContradictContext",
+            "HALL": "newExtraUselessInfo",
+            "RED": "newIntermediateFactualInfo",
+            "REP": "newDroppableStep",
+            "LOGIC": "newLogicalDeduction",
+            "MATH": "newMathError",
+        }
+    )
+    chain_flags: dict[str, str] = Field(default_factory=dict)
+    ordinal_labels: dict[str, str] = Field(default_factory=lambda: {"QUAL": "newOverall", "COH": "newCoherent"})
+
+
+class BaselineSettings(Section):
+    """ROSCOE baselines (SA, SS, LI, REP) and ROUGE-2 -> `baseline_scores`."""
+
+    groups: list[Literal["sa", "ss", "li", "rouge"]] = Field(default_factory=lambda: ["sa", "ss", "li", "rouge"])
+    reference_based: bool = False  # ROSCOE's reference-based SA/SS scores too (needs gold_steps)
+    batch_size: int = Field(64, ge=1)
+    max_length: int = Field(256, ge=8)
+    datasets: list[str] | None = None
+
+
+class SelectSettings(Section):
+    """ReCEval-guided choice among k sampled chains per question."""
+
+    # correctness = min(intra_entail_min, inter_min); informativeness = info_gain_min;
+    # both = mean of the two ranks within the question (scales differ: probabilities vs nats).
+    criteria: list[Literal["correctness", "informativeness", "both"]] = Field(
+        default_factory=lambda: ["correctness", "informativeness", "both"]
+    )
+    correctness: list[str] = Field(default_factory=lambda: ["intra_entail_min", "inter_min"])
+    informativeness: list[str] = Field(default_factory=lambda: ["info_gain_min"])
+    combine: Literal["rank_mean", "sum"] = "rank_mean"
+    greedy_key: str = "sample_idx"  # metadata key; the sample with the smallest value is the greedy one
+    config_hash: str | None = None
+    datasets: list[str] | None = None
 
 
 class CurationSettings(Section):
+    """Rules a chain must pass to be curated. Keys name a metric (`inter` -> its chain score `inter_min`)
+    or any numeric `chain_scores` column (`inter_mean`); a chain passes a rule when its value is >= the
+    bound, and a null score fails it."""
+
     thresholds: dict[str, float] = Field(default_factory=dict)
+    # metric -> q: the bound is the q-quantile of that score over the reference set.
     quantiles: dict[str, float] = Field(default_factory=dict)
-    require_api_k: int | None = None
-    max_steps: int | None = None
+    # run: the chains curated in this run; all: every chain scored under the config hash;
+    # anything else: path of a Delta table with the chain_scores columns.
+    quantile_reference: str = "run"
+    require_api_k: int | None = Field(None, ge=1)
+    max_steps: int | None = Field(None, ge=1)
+    histogram_bins: int = Field(20, ge=2)
+
+    @field_validator("quantiles")
+    @classmethod
+    def _in_unit_interval(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {k: q for k, q in value.items() if not 0.0 <= q <= 1.0}
+        if bad:
+            raise ValueError(f"quantiles must lie in [0, 1]: {bad}")
+        return value
+
+    def rules_hash(self) -> str:
+        """Hash of the rules (not the reporting options): new rules curate every chain again."""
+        keyed = self.model_dump(exclude={"histogram_bins"})
+        return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class CotSettings(Section):
+    """CoT Collection evaluation (jobs/cot_eval.py); defaults follow the official protocol, deviations are options."""
+
     data_root: str = "../shared/data/cot"
-    datasets: list[str] = Field(default_factory=lambda: ["bbh", "mgsm", "p3"])
+    datasets: list[Literal["bbh", "mgsm", "p3"]] = Field(default_factory=lambda: ["bbh", "mgsm", "p3"])
     modes: list[Literal["direct", "cot"]] = Field(default_factory=lambda: ["direct", "cot"])
-    max_examples_per_task: int | None = None
-    max_new_tokens: int = 64
-    min_new_tokens: int = 8
-    indicators: list[str] = Field(default_factory=lambda: ["[ANSWER]", "So the answer is", "The answer is"])
-    sample: bool = False
-    seed: int = 0
+    # First N examples of each (dataset, task, template): quick runs; None = all.
+    max_examples_per_task: int | None = Field(None, ge=1)
+    bbh_tasks: list[str] | None = None  # None: all 27
+    # letter: options are "(A)".."(K)" as in the gold targets; text: the option texts (gold mapped to its text).
+    bbh_option_style: Literal["letter", "text"] = "letter"
+    mgsm_languages: list[str] = Field(
+        default_factory=lambda: ["bn", "de", "en", "es", "fr", "ja", "ru", "sw", "te", "th", "zh"]
+    )
+    p3_tasks: list[str] = Field(
+        default_factory=lambda: [
+            "anli_r1", "anli_r2", "anli_r3", "cb", "copa", "rte", "wic", "wsc", "winogrande", "story_cloze"
+        ]
+    )
+    p3_templates_dir: str = "conf/p3_templates"
+    p3_template_list: str = "conf/p3_templates/t0_eval.yaml"
+    # A JSONL file in the common example schema, evaluated beside (or instead of) the datasets above.
     custom_path: str | None = None
+    direct_suffix: str = "\n[ANSWER] "
+    cot_trigger: str = "\n\nLet's think step by step.\n"
+    answer_join: str = "\n[ANSWER] "
+    # Ranking of options for `correct`; all three are always stored and reported.
+    score: Literal["sum", "per_token", "per_byte"] = "sum"
+    # Encode the prompt once per example and reuse it for every option (same scores, fewer FLOPs).
+    share_prompt: bool = True
+    max_new_tokens: int = Field(128, ge=1)  # CoT rationale (+ answer for generation tasks)
+    min_new_tokens: int = Field(8, ge=0)
+    direct_max_new_tokens: int = Field(32, ge=1)  # Direct generation tasks
+    direct_stop: list[str] = Field(default_factory=list)  # e.g. ["\n"] for causal LMs that ramble
+    indicators: list[str] = Field(default_factory=lambda: ["[ANSWER]", "So the answer is", "The answer is"])
+    # CoT generation: end the extracted answer at the first of these (e.g. ["\n"]); [] = official (whole rest).
+    answer_until: list[str] = Field(default_factory=list)
+    # CoT classification: stop the rationale at the first indicator (the options follow it).
+    stop_at_indicator: bool = True
+    sample: bool = False  # the official code samples (top_p 0.8); the default here is greedy
+    top_p: float = Field(0.8, gt=0, le=1)
+    temperature: float = Field(1.0, gt=0)
+    seed: int = 0
+    batch_size: int | None = Field(None, ge=1)  # None: runtime.batch_size
+    max_length: int | None = Field(None, ge=8)  # None: runtime.max_length
+    bootstrap_resamples: int = Field(1000, ge=10)
+    confidence: float = Field(0.95, gt=0, lt=1)
+    # Spark partitions for the model stages (None: spark.shuffle_partitions).
+    partitions: int | None = Field(None, ge=1)
 
 
 class PipelineSettings(Section):
-    stages: list[str] = Field(default_factory=lambda: ["ingest", "steps", "scores", "aggregate", "curate"])
+    stages: list[Literal["ingest", "steps", "scores", "aggregate", "curate", "report"]] = Field(
+        default_factory=lambda: ["ingest", "steps", "scores", "aggregate", "curate", "report"]
+    )
+    # Delete this config hash's rows and score every chain again (a resumed run must not repeat it).
     rescore: bool = False
+    # Chains per committed batch: a killed run loses at most one batch of work per stage.
+    batch_chains: int = Field(5_000, ge=1)
+    # Skip ingest when no input file changed since the last run (path, size, mtime).
+    skip_unchanged_input: bool = True
+    report_worst_n: int = Field(5, ge=0)
+    # rich: a live progress bar on a terminal; plain: one line per committed batch (logs, CI).
+    progress: Literal["auto", "rich", "plain"] = "auto"
 
 
 class Settings(Section):
@@ -212,6 +389,9 @@ class Settings(Section):
     aggregate: AggregateSettings = AggregateSettings()
     perturb: PerturbSettings = PerturbSettings()
     meta_eval: MetaEvalSettings = MetaEvalSettings()
+    human_labels: HumanLabelSettings = HumanLabelSettings()
+    baselines: BaselineSettings = BaselineSettings()
+    select: SelectSettings = SelectSettings()
     curation: CurationSettings = CurationSettings()
     cot: CotSettings = CotSettings()
     pipeline: PipelineSettings = PipelineSettings()
@@ -231,7 +411,7 @@ class Settings(Section):
         """Hash of everything that changes a score: models and scoring options (not paths, not Spark)."""
         keyed = {
             "models": self.models.model_dump(exclude={"profile", "cot", "paraphrase"}),
-            "steps": self.steps.model_dump(),
+            "steps": self.steps.model_dump(exclude={"batch_size"}),
             "nli": self.nli.model_dump(exclude={"batch_size"}),
             "pvi": self.pvi.model_dump(exclude={"batch_size"}),
             "max_length": self.runtime.max_length,
