@@ -100,6 +100,7 @@ def test_submit_local_one_core_equals_local_two_cores(spark, nightly_input, refe
     assert_lakes_equal(spark, reference_lake, lake)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("partitions", [3, 7])
 def test_ingest_transform_invariant_to_partitions(spark, nightly_input, partitions):
     settings = load_settings(overrides=[f"ingest.input={nightly_input}"], environ={})
