@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -271,12 +272,18 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> C
     return CurationResult(counts, [asdict(r) for r in rule_list], pass_rates, labels, histograms)
 
 
+def metric_name(text: str) -> str:
+    """A rule id or label as an MLflow metric name (which allows no '>', '<', '=')."""
+    text = text.replace(">=", "_ge_").replace("<=", "_le_")
+    return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", text)
+
+
 def log(result: CurationResult, tracked: JobRun) -> None:
     """Rules, pass rates, label agreement and histograms to an MLflow run."""
     tracked.log_metrics({f"rows_{k}": v for k, v in result.counts.items()})
-    tracked.log_metrics({f"pass_rate.{k}": v for k, v in result.pass_rates.items()})
+    tracked.log_metrics({metric_name(f"pass_rate.{k}"): v for k, v in result.pass_rates.items()})
     for label, stats in result.labels.items():
-        tracked.log_metrics({f"label.{label}.{k}": v for k, v in stats.items() if v == v})
+        tracked.log_metrics({metric_name(f"label.{label}.{k}"): v for k, v in stats.items() if v == v})
     tracked.log_params({f"rule.{i}": r["id"] for i, r in enumerate(result.rules)})
     tracked.log_text("curation/rules.json", json.dumps(result.rules, indent=2))
     for metric, png in result.histograms.items():

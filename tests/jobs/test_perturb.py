@@ -126,7 +126,7 @@ def test_build_swap(eb, res):
         steps = r[C.STEPS]
         texts = EB.node_texts(row)
         assert len(steps) == len(original)
-        assert [i for i in range(len(steps)) if steps[i] != original[i]] in ([idx], [])
+        assert [i for i in range(len(steps)) if steps[i] != original[i]] == [idx]
         parent, child = detail["swapped_with"], detail["node"]
         assert parent in EB.parse_proof(row["proof"])[idx].parents
         assert steps[idx].endswith(f"so {texts[parent]}.")
