@@ -25,11 +25,11 @@ run: setup
 
 # Default test set (about 15 minutes on 2 cores); slow and cluster tests run in CI too.
 test: setup
-	$(PYTHON) -m pytest -m "not slow and not cluster and not gpu" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m "not slow and not cluster and not gpu and not full" $(PYTEST_ARGS)
 
 # Exit code 5 (nothing collected) is not a failure here.
 test-slow: setup
-	$(PYTHON) -m pytest -m "(slow or cluster) and not gpu" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PYTHON) -m pytest -m "(slow or cluster) and not gpu and not full" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 test-all: test test-slow
 

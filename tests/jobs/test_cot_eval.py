@@ -230,7 +230,7 @@ def test_cot_eval_end_to_end_causal_lm(spark, tiny_models, make_settings):
     _check_predictions(pred)
 
 
-@pytest.mark.slow
+@pytest.mark.full
 def test_cot_eval_full_run(spark, tiny_models, make_settings):
     """Every example of every dataset, both modes, tiny T5 (85k examples per mode): documents the time."""
     settings = make_settings(
