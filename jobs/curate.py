@@ -161,6 +161,7 @@ def histogram_png(column: str, edges: list[float], counts: list[int], bounds: di
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(5, 3), dpi=100)
     if counts:
@@ -169,6 +170,8 @@ def histogram_png(column: str, edges: list[float], counts: list[int], bounds: di
     for name, value in bounds.items():
         ax.axvline(value, color="#c44e52", linestyle="--", linewidth=1)
         ax.annotate(name, (value, ax.get_ylim()[1] * 0.9), fontsize=7, color="#c44e52", rotation=90)
+    # Tiny random models give scores within 1e-6 of each other: few ticks keep the labels readable.
+    ax.xaxis.set_major_locator(MaxNLocator(5))
     ax.set_title(f"{column} (chains: {sum(counts)})", fontsize=9)
     ax.set_xlabel("score (higher is better)", fontsize=8)
     ax.set_ylabel("chains", fontsize=8)

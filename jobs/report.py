@@ -247,6 +247,8 @@ def render(
             f"<span class=\"fail\">{c['run_failed']} rejected</span> "
             f"(pass rate {curation.pass_rates.get('all', 0.0):.1%}).</p>"
         )
+        if not curation.rules:
+            parts.append('<p class="muted">No rules configured (curation.*): every chain passes.</p>')
         parts.append(
             table(
                 ["rule", "bound", "pass rate"],
