@@ -75,7 +75,7 @@ else:
     runpy.run_module(target, run_name="__main__", alter_sys=True)
 PYLAUNCH
 
-export PYSPARK_PYTHON="$PY" PYSPARK_DRIVER_PYTHON="$PY"
+export PYSPARK_PYTHON="$PY" PYSPARK_DRIVER_PYTHON="$PY" RECEVAL_PROJECT_ROOT="$ROOT"
 export RECEVAL__SPARK__MASTER="$MASTER"
 cd "$ROOT"
 # Four attempts per task (tasks lost with their executor do not count); an explicit --conf wins.
@@ -88,5 +88,6 @@ cd "$ROOT"
   --conf "spark.pyspark.python=$PY" \
   --conf "spark.pyspark.driver.python=$PY" \
   --conf "spark.executorEnv.PYSPARK_PYTHON=$PY" \
+  --conf "spark.executorEnv.RECEVAL_PROJECT_ROOT=$ROOT" \
   ${SUBMIT_OPTS[@]+"${SUBMIT_OPTS[@]}"} \
   "$WORK/launch.py" "$TARGET" "$@"

@@ -7,7 +7,7 @@
 tests exercise exactly what an operator runs. Every process the cluster starts (and what those start:
 executors, Python workers) is stopped by its PID, also when a test fails.
 
-Run as a script, this module is also a spark-submit entry point for fault injection (see `slow_ingest`).
+Run as a script, this module is also a spark-submit entry point for fault injection (see `slow_scores`).
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SUBMIT = PROJECT_ROOT / "scripts" / "submit.sh"
-# The job the cluster tests submit; becomes jobs.pipeline once the nightly pipeline exists.
-PIPELINE_MODULE = "jobs.ingest"
-# Tables the cluster and invariance tests compare -> columns that legitimately differ between runs
-# (timestamps, run ids). Add steps/step_scores/chain_scores here as the pipeline grows.
-COMPARED_TABLES: dict[str, tuple[str, ...]] = {
-    "chains": ("ingested_at",),
-    "quarantine": ("quarantined_at", "run_id"),
-}
+# The job the cluster tests submit: the whole nightly pipeline (ingest, steps, scores, aggregate, curate).
+PIPELINE_MODULE = "jobs.pipeline"
+# Tables the cluster and invariance tests compare, and columns that legitimately differ between runs
+# (when a row was written, by which run).
+COMPARED_TABLES = ("chains", "quarantine", "steps", "contexts", "step_scores", "chain_scores", "unscored",
+                   "curation", "curated", "rejected")
+VOLATILE = frozenset({"ingested_at", "scored_at", "curated_at", "quarantined_at", "recorded_at", "seen_at", "run_id"})
 SCORE_RTOL = 1e-5  # scores may differ by float summation order across partitionings, no more
 
 
@@ -45,20 +44,29 @@ def job_args(lake: Path, input_path: Path | str, *extra: str) -> list[str]:
         f"ingest.input={input_path}",
         f"mlflow.tracking_uri=sqlite:///{lake.parent}/mlruns-{lake.name}.db",
         f"mlflow.artifact_location={lake.parent}/mlartifacts-{lake.name}",
+        "pipeline.progress=plain",
+        "pipeline.batch_chains=16",
         *extra,
     ]
     return [arg for pair in pairs for arg in ("--set", pair)]
 
 
-def assert_lakes_equal(spark, expected: Path, actual: Path, tables: dict[str, tuple[str, ...]] | None = None) -> None:
+def assert_lakes_equal(spark, expected: Path, actual: Path, tables: Sequence[str] = COMPARED_TABLES) -> None:
     """Every compared table holds the same rows in both lakes (order-free; floats within SCORE_RTOL)."""
     from pyspark.testing import assertDataFrameEqual
 
-    for name, volatile in (tables or COMPARED_TABLES).items():
-        want = spark.read.format("delta").load(str(expected / name)).drop(*volatile)
-        got = spark.read.format("delta").load(str(actual / name)).drop(*volatile)
-        assert want.count() > 0, f"{name} is empty in the reference lake: the comparison would prove nothing"
-        assertDataFrameEqual(got, want, rtol=SCORE_RTOL, atol=1e-8)
+    nonempty = 0
+    for name in tables:
+        want = spark.read.format("delta").load(str(expected / name))
+        got = spark.read.format("delta").load(str(actual / name))
+        want, got = want.drop(*VOLATILE.intersection(want.columns)), got.drop(*VOLATILE.intersection(got.columns))
+        nonempty += want.count() > 0
+        try:
+            assertDataFrameEqual(got, want, rtol=SCORE_RTOL, atol=1e-8)
+        except AssertionError as err:
+            raise AssertionError(f"table {name} differs:\n{err}") from None
+    # Empty tables (nothing rejected, nothing unscored) compare trivially; the scored ones must not be empty.
+    assert nonempty >= len(tables) - 3, f"only {nonempty} of {len(tables)} tables hold rows: nothing was compared"
 
 
 def spark_home() -> Path:
@@ -353,33 +361,50 @@ class StandaloneCluster:
         return self.finish_job(self.start_job(module, args, env=env), timeout_s)
 
 
-# -- fault-injection entry point (spark-submit tests/cluster.py slow-ingest MARKER_DIR DELAY -- ARGS) --
-def slow_ingest(marker_dir: str, delay_s: float, argv: list[str]) -> None:
-    """`jobs.ingest.main` with validation slowed down and announced, so a test can kill a worker mid-stage.
+# -- fault-injection entry point (spark-submit tests/cluster.py slow-scores MARKER_DIR DELAY ARGS...) -------
+def slow_scores(marker_dir: str, delay_s: float, argv: list[str]) -> None:
+    """`jobs.pipeline.main` with the NLI model slowed down and announced, so a test can kill a worker mid-scoring.
 
-    Each validation batch writes `<marker_dir>/<pid>` (the Python worker's PID, whose worker the test
-    kills) and sleeps; the output is exactly ingest's, so the tables must equal a clean run's.
+    Each NLI batch in a Python worker writes `<marker_dir>/<pid>` (the worker whose node the test kills) and
+    sleeps before the real model runs; the scores are exactly the pipeline's, so the tables must equal a
+    clean run's.
     """
-    import jobs.ingest as ingest
+    import jobs.nli_scores as nli_scores
+    import jobs.pipeline as pipeline
 
-    fast = ingest.validate_series
+    real = nli_scores.predictor
 
-    def slow_validate_series(raw, cfg, on_error="quarantine"):
-        import os as _os
-        import time as _time
-        from pathlib import Path as _Path
+    def slow_predictor(settings):
+        make = real(settings)
 
-        _Path(marker_dir, str(_os.getpid())).touch()
-        _time.sleep(delay_s)
-        return fast(raw, cfg, on_error)
+        def factory():
+            predict = make()
 
-    # transform's UDF looks the name up in jobs.ingest when Spark pickles it, so executors get the slow one.
-    ingest.validate_series = slow_validate_series
-    ingest.main(argv)
+            def slow_predict(premises, hypotheses):
+                import os as _os
+                import time as _time
+                from pathlib import Path as _Path
+
+                # Only the first batch anywhere sleeps (an exclusive claim file): one victim, no slow night.
+                try:
+                    _os.close(_os.open(_Path(marker_dir, "claimed"), _os.O_CREAT | _os.O_EXCL))
+                except FileExistsError:
+                    return predict(premises, hypotheses)
+                _Path(marker_dir, str(_os.getpid())).touch()
+                _time.sleep(delay_s)
+                return predict(premises, hypotheses)
+
+            return slow_predict
+
+        return factory
+
+    # nli_scores.plan looks `predictor` up at call time on the driver; the UDF pickles the slow factory.
+    nli_scores.predictor = slow_predictor
+    pipeline.main(argv)
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "slow-ingest":
-        slow_ingest(sys.argv[2], float(sys.argv[3]), sys.argv[4:])
+    if sys.argv[1] == "slow-scores":
+        slow_scores(sys.argv[2], float(sys.argv[3]), sys.argv[4:])
     else:
         raise SystemExit(f"unknown command {sys.argv[1]!r}")

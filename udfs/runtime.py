@@ -13,7 +13,9 @@ from typing import Any
 
 _CACHE: dict[tuple[Any, ...], Any] = {}
 _LOCK = threading.Lock()
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# On cluster executors this module is imported from the shipped zip; scripts/submit.sh names the checkout
+# (executors share its install) so relative model folders resolve there as on the driver.
+PROJECT_ROOT = Path(os.environ.get("RECEVAL_PROJECT_ROOT") or Path(__file__).resolve().parent.parent)
 
 
 class ModelUnavailable(RuntimeError):
