@@ -15,8 +15,7 @@ from pyspark.sql import functions as F
 
 from jobs import tables
 from jobs.config import Settings
-from jobs.session import build_session
-from jobs.tracking import job_run
+from jobs.tracking import job
 from schemas import chain_scores as CS
 from schemas import step_scores as SS
 
@@ -86,9 +85,7 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, int]:
-    settings, _ = tables.job_args(__doc__ or "aggregate", argv)
-    spark = build_session(settings.spark)
-    with job_run(settings, "aggregate") as tracked:
+    with job("aggregate", __doc__, argv) as (spark, settings, tracked):
         counts = run(spark, settings)
         tracked.log_metrics({f"rows_{k}": v for k, v in counts.items()})
         tracked.set_tags({"chain_scores_version": tables.version(spark, settings.table("chain_scores"))})

@@ -16,8 +16,7 @@ from pyspark.sql import functions as F
 
 from jobs import tables
 from jobs.config import Settings
-from jobs.session import build_session
-from jobs.tracking import job_run
+from jobs.tracking import job
 from schemas import baseline_scores as B
 from schemas import chains as C
 from udfs import roscoe
@@ -151,9 +150,7 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, int]:
-    settings, _ = tables.job_args(__doc__ or "baselines", argv)
-    spark = build_session(settings.spark)
-    with job_run(settings, "baselines") as tracked:
+    with job("baselines", __doc__, argv) as (spark, settings, tracked):
         counts = run(spark, settings)
         tracked.log_metrics(counts)
         print(f"[baselines] {counts}")

@@ -25,8 +25,7 @@ from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 from jobs import tables
 from jobs.config import CotSettings, Settings
 from jobs.cot_data import Reject, load_examples
-from jobs.session import build_session
-from jobs.tracking import job_run
+from jobs.tracking import job
 from schemas import cot as S
 from udfs import cot_text
 
@@ -432,9 +431,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    settings, _ = tables.job_args(__doc__ or "cot_eval", argv)
-    spark = build_session(settings.spark)
-    with job_run(settings, "cot_eval") as tracked:
+    with job("cot_eval", __doc__, argv) as (spark, settings, tracked):
         result = run(spark, settings, tracked.local_id)
         metrics: pd.DataFrame | None = result.pop("metrics")
         tracked.log_metrics({k: v for k, v in result.items() if isinstance(v, (int, float))})

@@ -19,8 +19,7 @@ from pyspark.sql.types import ArrayType, BooleanType, StringType, StructField, S
 
 from jobs import tables
 from jobs.config import CurationSettings, Settings
-from jobs.session import build_session
-from jobs.tracking import JobRun, job_run
+from jobs.tracking import JobRun, job
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import curation as CU
@@ -294,9 +293,7 @@ def log(result: CurationResult, tracked: JobRun) -> None:
 
 
 def main(argv: list[str] | None = None) -> CurationResult:
-    settings, _ = tables.job_args(__doc__ or "curate", argv)
-    spark = build_session(settings.spark)
-    with job_run(settings, "curate") as tracked:
+    with job("curate", __doc__, argv) as (spark, settings, tracked):
         result = run(spark, settings, tracked.local_id)
         log(result, tracked)
         print(f"[curate] {result.counts} pass rates {result.pass_rates}")

@@ -19,8 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from jobs import tables
 from jobs.config import HumanLabelSettings, Settings, resolve_path
 from jobs.ingest import content_hash
-from jobs.session import build_session
-from jobs.tracking import job_run
+from jobs.tracking import job
 from schemas import chains as C
 
 CALCULATOR = re.compile(r"<<[^<>]*>>")
@@ -155,9 +154,7 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, int]:
-    settings, _ = tables.job_args(__doc__ or "human_labels", argv)
-    spark = build_session(settings.spark)
-    with job_run(settings, "human_labels") as tracked:
+    with job("human_labels", __doc__, argv) as (spark, settings, tracked):
         counts = run(spark, settings)
         tracked.log_metrics(counts)
         print(f"[human_labels] {counts}")

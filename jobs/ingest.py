@@ -22,8 +22,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from jobs import tables
 from jobs.config import IngestSettings, Settings, resolve_path
-from jobs.session import build_session
-from jobs.tracking import job_run
+from jobs.tracking import job
 from schemas import chains as C
 from schemas import quarantine as Q
 
@@ -355,9 +354,7 @@ def reasons(spark: SparkSession, settings: Settings, run_id: str | None = None) 
 
 
 def main(argv: list[str] | None = None) -> dict[str, int]:
-    settings, _ = tables.job_args(__doc__ or "ingest", argv)
-    spark = build_session(settings.spark)
-    with job_run(settings, "ingest") as tracked:
+    with job("ingest", __doc__, argv) as (spark, settings, tracked):
         before = tables.version(spark, settings.table("chains"))
         counts = run(spark, settings, tracked.local_id)
         after = tables.version(spark, settings.table("chains"))

@@ -21,8 +21,7 @@ from scipy import stats
 
 from jobs import tables
 from jobs.config import Settings
-from jobs.session import build_session
-from jobs.tracking import job_run
+from jobs.tracking import job
 from schemas import baseline_scores as B
 from schemas import chain_scores as CS
 from schemas import chains as C
@@ -248,9 +247,7 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> l
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    settings, _ = tables.job_args(__doc__ or "meta_eval", argv)
-    spark = build_session(settings.spark)
-    with job_run(settings, "meta_eval") as tracked:
+    with job("meta_eval", __doc__, argv) as (spark, settings, tracked):
         rows = run(spark, settings, tracked.local_id)
         table = markdown_table(rows)
         tracked.log_text("meta_eval/correlations.md", table)

@@ -19,8 +19,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from jobs import tables
 from jobs.config import ModelRef, NliSettings, Settings
-from jobs.session import build_session
-from jobs.tracking import job_run
+from jobs.tracking import job
 from schemas import step_scores as SS
 from schemas import steps as S
 from udfs import nli, runtime
@@ -309,9 +308,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, int]:
-    settings, _ = tables.job_args(__doc__ or "nli_scores", argv)
-    spark = build_session(settings.spark)
-    with job_run(settings, "nli_scores") as tracked:
+    with job("nli_scores", __doc__, argv) as (spark, settings, tracked):
         counts = run(spark, settings, tracked.local_id)
         tracked.log_metrics({f"nli_{k}": v for k, v in counts.items()})
         tracked.set_tags({"nli_model": settings.models.nli.path})

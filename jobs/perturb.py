@@ -31,8 +31,7 @@ from pyspark.sql import functions as F
 
 from jobs import tables
 from jobs.config import PerturbSettings, Settings, resolve_path
-from jobs.session import build_session
-from jobs.tracking import job_run
+from jobs.tracking import job
 from schemas import chains as C
 from udfs import entailment_bank as EB
 from udfs.entailment_bank import ProofStep
@@ -330,9 +329,7 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    settings, _ = tables.job_args(__doc__ or "perturb", argv)
-    spark = build_session(settings.spark)
-    with job_run(settings, "perturb") as tracked:
+    with job("perturb", __doc__, argv) as (spark, settings, tracked):
         report = run(spark, settings)
         tracked.log_metrics({f"perturbed_{k}": v for k, v in report.items() if isinstance(v, int)})
         tracked.set_tags({f"skipped_{k}": v for k, v in report.items() if isinstance(v, str)})

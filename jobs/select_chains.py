@@ -20,8 +20,7 @@ from pyspark.sql import functions as F
 
 from jobs import tables
 from jobs.config import SelectSettings, Settings
-from jobs.session import build_session
-from jobs.tracking import job_run
+from jobs.tracking import job
 from schemas import chain_scores as CS
 from schemas import chains as C
 
@@ -124,9 +123,7 @@ def report(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    settings, _ = tables.job_args(__doc__ or "select_chains", argv)
-    spark = build_session(settings.spark)
-    with job_run(settings, "select_chains") as tracked:
+    with job("select_chains", __doc__, argv) as (spark, settings, tracked):
         rows = run(spark, settings)
         tracked.log_metrics({f"accuracy_{r[C.DATASET]}_{r[METHOD]}": r["accuracy"] for r in rows})
         tracked.log_text("select_chains/accuracy.md", report(rows))

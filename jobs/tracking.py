@@ -177,6 +177,18 @@ def save_replay(bundle: dict[str, Any], settings: Settings, uri: str) -> str:
 
 
 @contextlib.contextmanager
+def job(name: str, description: str | None, argv: Any = None) -> Iterator[tuple[Any, Settings, JobRun]]:
+    """A job's `main`: its command line (--config, --set), its Spark session and its MLflow run."""
+    from jobs import tables
+    from jobs.session import build_session
+
+    settings, _ = tables.job_args(description or name, argv)
+    spark = build_session(settings.spark)
+    with job_run(settings, name) as tracked:
+        yield spark, settings, tracked
+
+
+@contextlib.contextmanager
 def job_run(settings: Settings, job: str, section: Any = None) -> Iterator[JobRun]:
     """One MLflow run per job invocation: params = flattened config, tags = commit, master, profiles."""
     run = JobRun(job=job, settings=settings)

@@ -163,12 +163,8 @@ def model_generator_factory(
 
     def factory() -> GenerateFn:
         from udfs import runtime
-        from udfs.options import _task_cpus
 
-        runtime.quiet()
-        runtime.set_threads(torch_threads or _task_cpus())
-        dev = runtime.task_device(device)
-        model, tok = runtime.load_model(path, family, dev, dtype, revision, trust_remote_code)
+        model, tok, dev = runtime.task_model(path, family, device, dtype, revision, torch_threads, trust_remote_code)
 
         def run(prompts: Sequence[str]) -> list[Generation]:
             return generate(model, tok, family, prompts, device=dev, **options)

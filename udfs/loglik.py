@@ -320,20 +320,7 @@ def model_scorer_factory(
     def factory() -> ScoreFn:
         from udfs import runtime
 
-        runtime.quiet()
-        threads = torch_threads
-        if threads is None:
-            # One task = spark.task.cpus cores: more torch threads than that oversubscribe the executor.
-            try:
-                from pyspark import TaskContext
-
-                ctx = TaskContext.get()
-                threads = ctx.cpus() if ctx is not None else None
-            except Exception:
-                threads = None
-        runtime.set_threads(threads)
-        dev = runtime.task_device(device)
-        model, tok = runtime.load_model(path, family, dev, dtype, revision, trust_remote_code)
+        model, tok, dev = runtime.task_model(path, family, device, dtype, revision, torch_threads, trust_remote_code)
         # Causal LMs are left-padded: every row's target then ends at the last column and the LM head runs
         # only over the last (longest target) columns.
         side = "left" if family == "causal" else "right"

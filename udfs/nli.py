@@ -238,16 +238,7 @@ def model_predictor(
     def factory() -> PredictFn:
         from udfs import runtime
 
-        runtime.quiet()
-        chosen = runtime.task_device(device)
-        cores = threads
-        if cores is None:
-            from pyspark import TaskContext
-
-            ctx = TaskContext.get()
-            cores = ctx.cpus() if ctx is not None else None
-        runtime.set_threads(cores)
-        model, tokenizer = runtime.load_model(path, "nli", chosen, dtype, revision, trust_remote_code)
+        model, tokenizer, _ = runtime.task_model(path, "nli", device, dtype, revision, threads, trust_remote_code)
         indices = label_indices(model.config.label2id)
 
         def predict(premises: list[str], hypotheses: list[str]) -> NliOutput:

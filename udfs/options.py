@@ -296,10 +296,7 @@ def model_options_factory(
     def factory() -> OptionScoreFn:
         from udfs import runtime
 
-        runtime.quiet()
-        runtime.set_threads(torch_threads or _task_cpus())
-        dev = runtime.task_device(device)
-        model, tok = runtime.load_model(path, family, dev, dtype, revision, trust_remote_code)
+        model, tok, dev = runtime.task_model(path, family, device, dtype, revision, torch_threads, trust_remote_code)
         fn = score_options if share_prompt else score_options_separately
 
         def scorer(prompts, options, prefixes):
@@ -308,16 +305,6 @@ def model_options_factory(
         return scorer
 
     return factory
-
-
-def _task_cpus() -> int | None:
-    try:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        return ctx.cpus() if ctx is not None else None
-    except Exception:
-        return None
 
 
 def group_rows(prompts: Sequence[str], prefixes: Sequence[str]) -> list[tuple[int, int]]:

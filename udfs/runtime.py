@@ -134,6 +134,37 @@ def load_model(
         return model, tokenizer
 
 
+def task_cpus() -> int | None:
+    """The cores Spark gave this task (spark.task.cpus); None outside a task."""
+    try:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        return ctx.cpus() if ctx is not None else None
+    except Exception:
+        return None
+
+
+def task_model(
+    path: str,
+    family: str,
+    device: str = "auto",
+    dtype: str = "auto",
+    revision: str | None = None,
+    threads: int | None = None,
+    trust_remote_code: bool = False,
+) -> tuple[Any, Any, str]:
+    """(model, tokenizer, device) for a UDF's worker side: quiet logs, the task's device, cached weights.
+
+    torch gets `threads`, else the task's cores: more threads than that oversubscribe the executor.
+    """
+    quiet()
+    set_threads(threads or task_cpus())
+    chosen = task_device(device)
+    model, tokenizer = load_model(path, family, chosen, dtype, revision, trust_remote_code)
+    return model, tokenizer, chosen
+
+
 def clear_cache() -> None:
     with _LOCK:
         _CACHE.clear()
