@@ -123,12 +123,16 @@ def quarantine_rows(
 
 
 def append_quarantine(spark: SparkSession, settings: Settings, rows: DataFrame) -> int:
-    """Append to `quarantine`; keyed on (stage, chain_id, raw) so a rerun does not repeat a row."""
+    """Append to `quarantine`; keyed on (stage, reason, chain_id, raw, source) so a rerun does not repeat a row.
+
+    The source is part of the key: the same bad line in two input files is two quarantined rows, not one.
+    """
     path = settings.table("quarantine")
-    rows = rows.dropDuplicates([Q.STAGE, Q.REASON, Q.CHAIN_ID, Q.RAW])
+    rows = rows.dropDuplicates([Q.STAGE, Q.REASON, Q.CHAIN_ID, Q.RAW, Q.SOURCE])
     table = ensure(spark, path, Q.SCHEMA)
     cond = (
         "t.stage = s.stage AND t.reason = s.reason AND t.chain_id <=> s.chain_id AND t.raw <=> s.raw"
+        " AND t.source <=> s.source"
     )
     return _inserted(table, table.alias("t").merge(conform(rows, Q.SCHEMA).alias("s"), cond).whenNotMatchedInsertAll())
 
