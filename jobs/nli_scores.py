@@ -119,9 +119,15 @@ def pairs(premises: DataFrame) -> DataFrame:
     return intra.unionByName(inter)
 
 
-def score_distinct(all_pairs: DataFrame, udf) -> DataFrame:
-    """Each distinct pair once through the model (context sentences recur across chains and steps)."""
-    distinct = all_pairs.select(PREMISE, HYPOTHESIS).distinct()
+def score_distinct(all_pairs: DataFrame, udf, dedup: bool = True) -> DataFrame:
+    """Each distinct pair once through the model (context sentences recur across chains and steps).
+
+    dedup=False scores every pair row; the join back in `step_scores` then meets copies of a pair, which the
+    max/set aggregations there absorb, so the scores are the same.
+    """
+    distinct = all_pairs.select(PREMISE, HYPOTHESIS)
+    if dedup:
+        distinct = distinct.distinct()
     return distinct.select(PREMISE, HYPOTHESIS, udf(F.col(PREMISE), F.col(HYPOTHESIS)).alias("s")).select(
         PREMISE,
         HYPOTHESIS,
@@ -184,6 +190,7 @@ def predictor(settings: Settings) -> nli.PredictFactory:
         max_length=cfg.max_length or rt.max_length,
         threads=rt.torch_threads,
         trust_remote_code=rt.trust_remote_code,
+        sort=rt.sort_by_length,
     )
 
 
@@ -206,7 +213,7 @@ def plan(
     all_pairs = pairs(premises)
     fail_fast = settings.runtime.on_row_error == "fail"
     udf = nli.nli_udf(predict or predictor(settings), fail_fast, *accumulators)
-    scored = score_distinct(all_pairs, udf)
+    scored = score_distinct(all_pairs, udf, settings.runtime.dedup)
     return Plan(premises, all_pairs, scored, step_scores(premises, all_pairs, scored))
 
 

@@ -184,7 +184,7 @@ def _factories(settings: Settings, scorer: Scorer | None) -> dict[str, Callable[
     return {
         role: loglik.model_scorer_factory(
             ref.path, families[role], rt.device, rt.dtype, ref.revision, batch_size, max_length,
-            rt.torch_threads, rt.trust_remote_code,
+            rt.torch_threads, rt.trust_remote_code, rt.sort_by_length,
         )
         for role, ref in refs.items()
     }
@@ -206,7 +206,12 @@ def transform(steps: DataFrame, contexts: DataFrame, settings: Settings, scorer:
     reqs = requests(steps, contexts, settings)
     # An explicit count keeps adaptive execution from coalescing the (few, small) pair rows into one task:
     # the model work must spread over every core.
-    pairs = reqs.select("role", "source", "target").distinct().repartition(_parallelism(steps))
+    # runtime.dedup=False scores every request (2n L(k) passes, g' per step): the join below then meets copies,
+    # which the max in `pick` absorbs, so the scores are the same.
+    pairs = reqs.select("role", "source", "target")
+    if settings.runtime.dedup:
+        pairs = pairs.distinct()
+    pairs = pairs.repartition(_parallelism(steps))
     on_error = settings.runtime.on_row_error
     scored = None
     for role, factory in _factories(settings, scorer).items():

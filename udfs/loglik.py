@@ -21,7 +21,7 @@ API
   ``encode_pairs`` (token ids + truncation), ``causal_batch`` / ``seq2seq_batch`` (padded tensors),
   ``token_logprobs(logits, labels, mask)`` (log-softmax + gather, zero where masked),
   ``batch_logprobs(model, family, batch)`` (one forward pass -> per-token target log-probs),
-  ``length_batches(lengths, batch_size)`` (length-sorted index batches).
+  ``length_batches(lengths, batch_size, sort)`` (length-sorted index batches, from ``udfs.runtime``).
 - ``Scorer``: a callable ``(sources, targets) -> list[TargetScore]`` bound to a loaded model; counts calls,
   pairs and truncations (tests and benchmarks read the counters).
 - ``loglik_udf(...)``: an iterator pandas UDF over (source, target) string columns returning
@@ -38,6 +38,8 @@ from typing import Any, Literal, Tuple  # noqa: UP035 (pandas_udf type hints nee
 
 import pandas as pd
 import torch
+
+from udfs.runtime import length_batches
 
 Family = Literal["causal", "seq2seq"]
 IGNORE = -100  # label value torch's cross-entropy and HF models ignore
@@ -107,12 +109,6 @@ def encode_pairs(
                 t, truncated = t[:max_length], True
         out.append(Encoded(s, t, truncated))
     return out
-
-
-def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Indices sorted by length (longest first, so an out-of-memory shows at once), cut into batches."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
 # --- batching ----------------------------------------------------------------------------------------------
@@ -242,6 +238,7 @@ def score(
     max_length: int = 512,
     device: str = "cpu",
     padding_side: str = "right",
+    sort: bool = True,
 ) -> list[TargetScore]:
     """Sum, count and mean natural-log probability of each target given its source, in input order."""
     if family not in ("causal", "seq2seq"):
@@ -252,7 +249,7 @@ def score(
     pad = pad_id(tokenizer)
     build = causal_batch if family == "causal" else seq2seq_batch
     results: list[TargetScore | None] = [None] * len(encoded)
-    for idx in length_batches([e.length for e in encoded], batch_size):
+    for idx in length_batches([e.length for e in encoded], batch_size, sort):
         items = [encoded[i] for i in idx]
         logp = batch_logprobs(model, family, build(items, pad, padding_side, device))
         sums = logp.sum(-1).double().cpu().tolist()
@@ -279,8 +276,9 @@ class Scorer:
         max_length: int = 512,
         device: str = "cpu",
         padding_side: str = "right",
+        sort: bool = True,
     ) -> None:
-        self.model, self.tokenizer, self.family = model, tokenizer, family
+        self.model, self.tokenizer, self.family, self.sort = model, tokenizer, family, sort
         self.batch_size, self.max_length, self.device, self.padding_side = batch_size, max_length, device, padding_side
         self.calls = 0
         self.pairs = 0
@@ -291,7 +289,7 @@ class Scorer:
         self.pairs += len(sources)
         out = score(
             self.model, self.tokenizer, self.family, sources, targets,
-            self.batch_size, self.max_length, self.device, self.padding_side,
+            self.batch_size, self.max_length, self.device, self.padding_side, self.sort,
         )
         self.truncated += sum(s.truncated for s in out)
         return out
@@ -314,6 +312,7 @@ def model_scorer_factory(
     max_length: int = 512,
     torch_threads: int | None = None,
     trust_remote_code: bool = False,
+    sort: bool = True,
 ) -> Callable[[], ScoreFn]:
     """A picklable factory that, on the executor, loads the model once per worker and returns a Scorer."""
 
@@ -324,7 +323,7 @@ def model_scorer_factory(
         # Causal LMs are left-padded: every row's target then ends at the last column and the LM head runs
         # only over the last (longest target) columns.
         side = "left" if family == "causal" else "right"
-        return Scorer(model, tok, family, batch_size, max_length, dev, side)
+        return Scorer(model, tok, family, batch_size, max_length, dev, side, sort)
 
     return factory
 

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from udfs.runtime import length_batches
+
 ENTAIL = "entail"
 NEUTRAL = "neutral"
 CONTRADICTION = "contradiction"
@@ -115,12 +117,6 @@ def _pad(rows: list[dict[str, list[int]]], pad_id: int, left: bool) -> dict[str,
     return out
 
 
-def length_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
-    """Indices grouped into batches of similar length (longest first) to cut padding."""
-    order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-
-
 def softmax_labels(logits: np.ndarray, indices: tuple[int, int, int]) -> np.ndarray:
     """Softmax over all logits, then the (entail, neutral, contradiction) columns."""
     logits = logits.astype(np.float64)
@@ -138,8 +134,9 @@ def predict_pairs(
     batch_size: int,
     max_length: int,
     indices: tuple[int, int, int] | None = None,
+    sort: bool = True,
 ) -> NliOutput:
-    """Batched, length-sorted forward passes; results come back in the input order."""
+    """Batched, length-sorted (unless sort=False) forward passes; results come back in the input order."""
     import torch
 
     n = len(premises)
@@ -153,7 +150,7 @@ def predict_pairs(
     device = next(model.parameters()).device
     probs = np.empty((n, 3), dtype=np.float64)
     with torch.inference_mode():
-        for idx in length_batches([len(r["input_ids"]) for r in rows], batch_size):
+        for idx in length_batches([len(r["input_ids"]) for r in rows], batch_size, sort):
             arrays = _pad([rows[i] for i in idx], pad_id, left)
             inputs = {k: torch.from_numpy(v).to(device) for k, v in arrays.items()}
             logits = model(**inputs).logits.float().cpu().numpy()
@@ -232,6 +229,7 @@ def model_predictor(
     max_length: int,
     threads: int | None = None,
     trust_remote_code: bool = False,
+    sort: bool = True,
 ) -> PredictFactory:
     """Factory run inside the worker: the task's device, the cached model, a predict function."""
 
@@ -242,7 +240,7 @@ def model_predictor(
         indices = label_indices(model.config.label2id)
 
         def predict(premises: list[str], hypotheses: list[str]) -> NliOutput:
-            return predict_pairs(model, tokenizer, premises, hypotheses, batch_size, max_length, indices)
+            return predict_pairs(model, tokenizer, premises, hypotheses, batch_size, max_length, indices, sort)
 
         return predict
 

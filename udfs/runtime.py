@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,13 @@ def load_model(
         tokenizer = tf.AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
         _CACHE[key] = (model, tokenizer)
         return model, tokenizer
+
+
+def length_batches(lengths: Sequence[int], batch_size: int, sort: bool = True) -> list[list[int]]:
+    """Indices cut into batches; sorted by length first (longest first, so an out-of-memory shows at once),
+    which cuts padding. sort=False keeps input order (runtime.sort_by_length: the bench's baseline)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i]) if sort else list(range(len(lengths)))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
 def task_cpus() -> int | None:

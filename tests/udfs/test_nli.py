@@ -46,7 +46,8 @@ def test_softmax_labels_hand_computed():
 
 def test_length_batches_longest_first_and_cover_every_index():
     batches = nli.length_batches([3, 9, 1, 9, 5], 2)
-    assert [b.tolist() for b in batches] == [[1, 3], [4, 0], [2]]
+    assert batches == [[1, 3], [4, 0], [2]]
+    assert nli.length_batches([3, 9, 1, 9, 5], 2, sort=False) == [[0, 1], [2, 3], [4]]
 
 
 def test_encode_pairs_truncates_only_the_premise(tiny_nli):

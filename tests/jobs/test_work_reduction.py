@@ -1,0 +1,78 @@
+"""Work reduction leaves every score unchanged: pair/pass deduplication and length sorting, on and off.
+
+The tiny random models from the helper score a few chains whose context sentences and conclusions recur
+(as they do across a night's chains), so deduplication removes real work; each optimisation is switched off
+on its own and the step scores must equal the optimised run's within 1e-5.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.testing import assertDataFrameEqual
+
+from jobs import nli_scores, pvi_scores
+from schemas import steps as S
+
+SHARED = ["Plants need sunlight to grow.", "The sun is a star.", "A star gives off light."]
+CHAINS = [
+    # id, context sentences, answer, steps (premise RCUs, conclusion); sentences and conclusions recur
+    ("c1", SHARED, "light", [(["The sun is a star.", "A star gives off light."], "The sun gives off light."),
+                             (["Plants need sunlight to grow."], "Plants need the sun.")]),
+    ("c2", SHARED, "light", [(["The sun is a star.", "A star gives off light."], "The sun gives off light.")]),
+    ("c3", [*SHARED, "Leaves are green and wide."], "the sun",
+     [(["Leaves are green and wide."], "Leaves catch light."), ([], "The sun gives off light."),
+      (["Plants need sunlight to grow.", "The sun is a star."], "Plants need the sun.")]),
+]
+
+
+def _frames(spark):
+    step_rows, ctx_rows = [], []
+    for chain_id, context, answer, steps in CHAINS:
+        for i, (premises, conclusion) in enumerate(steps):
+            text = f"{' and '.join(premises)}, so {conclusion}." if premises else conclusion
+            step_rows.append((chain_id, "h", i, len(steps), text, premises, conclusion, "given", "position", "t"))
+        ctx_rows.append((chain_id, "h", context, answer, "given"))
+    return spark.createDataFrame(step_rows, S.SCHEMA), spark.createDataFrame(ctx_rows, S.CONTEXTS_SCHEMA)
+
+
+def _settings(make_settings, *extra):
+    # batch size 2: several batches, so sorting changes which inputs share a batch (and its padding)
+    return make_settings("runtime.batch_size=2", "runtime.on_row_error=fail", *extra)
+
+
+VARIANTS = [("runtime.dedup=false",), ("runtime.sort_by_length=false",),
+            ("runtime.dedup=false", "runtime.sort_by_length=false")]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["no-dedup", "no-sort", "neither"])
+def test_nli_scores_identical_without_each_optimisation(spark, make_settings, tiny_models, variant):
+    steps, contexts = _frames(spark)
+    base = _settings(make_settings)
+    off = _settings(make_settings, *variant)
+    want = nli_scores.transform(steps, contexts, base).drop("error")
+    got = nli_scores.transform(steps, contexts, off).drop("error")
+    assertDataFrameEqual(got, want, rtol=1e-5, atol=1e-6)
+    assert want.where("intra_entail is not null and inter is not null").count() == sum(len(c[3]) for c in CHAINS)
+    pairs = nli_scores.plan(steps, contexts, base).pairs
+    total, distinct = pairs.count(), pairs.select("premise", "hypothesis").distinct().count()
+    assert distinct < total  # the chains share pairs: deduplication has work to remove
+    assert _sent(spark, steps, contexts, base) == distinct
+    assert _sent(spark, steps, contexts, off) == (distinct if off.runtime.dedup else total)
+
+
+def _sent(spark, steps, contexts, settings) -> int:
+    """Pairs the model is given in one evaluation of the scored pairs."""
+    sent = spark.sparkContext.accumulator(0)
+    nli_scores.plan(steps, contexts, settings, accumulators=(sent,)).scored.write.format("noop").mode(
+        "overwrite"
+    ).save()
+    return sent.value
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["no-dedup", "no-sort", "neither"])
+def test_pvi_scores_identical_without_each_optimisation(spark, make_settings, tiny_models, variant):
+    steps, contexts = _frames(spark)
+    want = pvi_scores.transform(steps, contexts, _settings(make_settings))
+    got = pvi_scores.transform(steps, contexts, _settings(make_settings, *variant))
+    assertDataFrameEqual(got, want, rtol=1e-5, atol=1e-6)
+    assert want.where("info_gain is not null and intra_pvi is not null").count() == sum(len(c[3]) for c in CHAINS)
