@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from jobs.config import resolve_path
 
@@ -45,7 +46,7 @@ def _train_bpe(vocab_size: int, special: list[str]):
     return tok
 
 
-def _save(model, tok, out: Path, **special: str) -> Path:
+def _save(model, tok, out: Path, **special: Any) -> Path:
     from transformers import PreTrainedTokenizerFast
 
     out.mkdir(parents=True, exist_ok=True)
@@ -136,8 +137,10 @@ def build_nli(out: Path, d_model: int = 32, layers: int = 2, heads: int = 2, voc
         pad_token_id=tok.token_to_id("[PAD]"),
     )
     model = BertForSequenceClassification(config).eval()
+    # token_type_ids mark the hypothesis segment, as a BERT-style NLI tokenizer does (not a default here).
     return _save(
-        model, tok, out, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]"
+        model, tok, out, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
     )
 
 
@@ -161,14 +164,21 @@ def build_nli_from_encoder(encoder_path: str | Path, out: Path, seed: int = 0) -
     return out
 
 
+# Bump when a builder changes what it writes: folders built by an older helper are then rebuilt.
+HELPER_VERSION = "2"
+
+
 def build_all(root: str | Path = "models", force: bool = False) -> dict[str, Path]:
-    """The three tiny models under `root` (skipped when present unless `force`)."""
+    """The three tiny models under `root` (kept when present and built by this helper version, unless `force`)."""
     base = resolve_path(root)
     built = {}
     for name, fn in (("tiny-t5", build_t5), ("tiny-gpt2", build_gpt2), ("tiny-nli", build_nli)):
         path = base / name
-        if force or not (path / "config.json").exists():
+        stamp = path / "HELPER_VERSION"
+        current = stamp.exists() and stamp.read_text().strip() == HELPER_VERSION
+        if force or not current or not (path / "config.json").exists():
             fn(path)
+            stamp.write_text(HELPER_VERSION + "\n")
         built[name] = path
     (base / "MANIFEST.json").write_text(json.dumps({k: str(v) for k, v in built.items()}, indent=1))
     return built

@@ -123,25 +123,24 @@ class JobRun:
         return self.run_id
 
 
-def _experiment_id(mlflow: Any, settings: Settings) -> str:
+def _experiment_id(client: Any, uri: str, settings: Settings) -> str:
     name = settings.mlflow.experiment
-    exp = mlflow.get_experiment_by_name(name)
+    exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
     location = settings.mlflow.artifact_location
     # A local artifact folder for local stores; a remote server keeps its own default root.
-    uri = mlflow.get_tracking_uri()
     artifact = resolve_path(location).as_uri() if uri.startswith(("sqlite:", "file:", "/")) else None
-    return mlflow.create_experiment(name, artifact_location=artifact)
+    return client.create_experiment(name, artifact_location=artifact)
 
 
 def send_bundle(bundle: dict[str, Any], uri: str, settings: Settings, parent_id: str | None = None) -> str:
-    import mlflow
     from mlflow.tracking import MlflowClient
 
-    mlflow.set_tracking_uri(uri)
+    # A client bound to this URI, never mlflow.set_tracking_uri: that also sets MLFLOW_TRACKING_URI in the
+    # environment, which would then override the configured store of every later job in this process.
     client = MlflowClient(uri)
-    exp_id = _experiment_id(mlflow, settings)
+    exp_id = _experiment_id(client, uri, settings)
     tags = dict(bundle["tags"])
     tags["mlflow.runName"] = bundle["job"]
     if parent_id:

@@ -90,8 +90,9 @@ def test_main_trains_logs_model_and_scoring_loads_it(make_settings, tmp_path, sp
     client = MlflowClient(tracking_uri(settings))
     assert [m.step for m in client.get_metric_history(run_id, "train_loss")] == [1, 2, 3, 4]
     assert client.get_run(run_id).data.params["train_pvi.lr"] == "0.003"
-    mlflow.set_tracking_uri(tracking_uri(settings))
-    local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "dl")))
+    local = Path(
+        mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "dl"), tracking_uri=tracking_uri(settings))
+    )
     assert (local / "model.safetensors").exists() and (local / "config.json").exists()
 
     # The scoring job loads the trained model by the path the job wrote (and the MLflow copy equally).
