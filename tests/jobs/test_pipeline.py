@@ -180,6 +180,7 @@ def test_run_new_input_file_scores_only_its_chains(spark, clean_run, tmp_path):
     )
 
 
+@pytest.mark.slow  # 2-3 min each on 2 cores: CI runs them in make test-slow
 def test_run_raising_mid_scoring_then_rerun_equals_clean_run(spark, clean_run, tmp_path):
     settings = _clean_settings(clean_run.input, tmp_path / "lake", tmp_path)
     crashing = Fakes(fail_nli_call=2)  # batch 1 of 2 commits, batch 2 raises
@@ -205,6 +206,7 @@ def _assert_lakes_equal(spark, a, b) -> None:
             assertDataFrameEqual(_stable(spark, a, name), _stable(spark, b, name))
 
 
+@pytest.mark.slow  # 2-3 min each on 2 cores: CI runs them in make test-slow
 def test_run_changed_model_scores_under_new_hash_only(spark, clean_run, tmp_path):
     settings = _copy_of_clean(clean_run, tmp_path)
     old_hash = settings.scoring_hash()
@@ -232,6 +234,7 @@ def test_run_rescore_recomputes_current_hash(spark, clean_run, tmp_path):
         assertDataFrameEqual(_stable(spark, settings, name), rows)
 
 
+@pytest.mark.slow  # 2-3 min each on 2 cores: CI runs them in make test-slow
 def test_run_failed_chains_recorded_once_and_not_retried(spark, make_settings, tmp_path):
     folder = tmp_path / "small_input"
     folder.mkdir()
