@@ -6,7 +6,7 @@ PYTHON := $(BIN)/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-slow test-all lint bench clean
+.PHONY: setup run test test-slow test-manual test-all lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -25,11 +25,15 @@ run: setup
 
 # Default test set (about 15 minutes on 2 cores); slow and cluster tests run in CI too.
 test: setup
-	$(PYTHON) -m pytest -m "not slow and not cluster and not gpu and not full" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m "not slow and not cluster and not gpu and not full and not manual" $(PYTEST_ARGS)
 
 # Exit code 5 (nothing collected) is not a failure here.
 test-slow: setup
-	$(PYTHON) -m pytest -m "(slow or cluster) and not gpu and not full" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PYTHON) -m pytest -m "(slow or cluster) and not gpu and not full and not manual" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+# Long extra checks kept out of CI's time budget (local[1] submit, ingest partition cases); run by hand.
+test-manual: setup
+	$(PYTHON) -m pytest -m "manual and not gpu" $(PYTEST_ARGS)
 
 test-all: test test-slow
 

@@ -87,6 +87,7 @@ def test_submit_pipeline_on_cluster_equals_local_mode(spark, full_cluster, night
 
 
 @pytest.mark.cluster
+@pytest.mark.manual  # 4-5 min; the cluster run already differs from the reference in master, cores, partitions
 def test_submit_local_one_core_equals_local_two_cores(spark, nightly_input, reference_lake, tmp_path):
     """scripts/submit.sh with --master local[1]: one core, another partitioning, the same tables."""
     import subprocess
@@ -103,6 +104,7 @@ def test_submit_local_one_core_equals_local_two_cores(spark, nightly_input, refe
 
 
 @pytest.mark.slow
+@pytest.mark.manual  # the default set checks partition invariance of every stage's transform
 @pytest.mark.parametrize("partitions", [3, 7])
 def test_ingest_transform_invariant_to_partitions(spark, nightly_input, partitions):
     settings = load_settings(overrides=[f"ingest.input={nightly_input}"], environ={})
