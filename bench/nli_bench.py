@@ -30,13 +30,7 @@ def eb_chains(n: int):
     rows = eb.load_jsonl(resolve_path(PerturbSettings().eb_task1_test))[:n]
     chains = []
     for row, chain_id in zip(rows, eb.chain_ids(rows), strict=True):
-        texts = eb.node_texts(row)
-        mentioned: set[str] = set()
-        steps = []
-        for step in eb.parse_proof(row["proof"]):
-            steps.append(([texts[p] for p in step.parents if p not in mentioned], texts[step.child]))
-            mentioned.update(step.parents)
-            mentioned.add(step.child)
+        steps = eb.fresh_steps(eb.parse_proof(row["proof"]), eb.node_texts(row))
         chains.append((chain_id, [*row["meta"]["triples"].values(), row["question"]], steps))
     return chains
 

@@ -68,17 +68,22 @@ def node_texts(row: Mapping[str, Any]) -> dict[str, str]:
     return texts
 
 
-def render(steps: Sequence[ProofStep], texts: Mapping[str, str]) -> list[str]:
-    """Each step as the official code writes it (see the module docstring)."""
+def fresh_steps(steps: Sequence[ProofStep], texts: Mapping[str, str]) -> list[tuple[list[str], str]]:
+    """Per step: the texts of its parents not mentioned before (the premise RCUs) and its child's text."""
     mentioned: set[str] = set()
-    out: list[str] = []
+    out: list[tuple[list[str], str]] = []
     for step in steps:
-        fresh = [texts[p] for p in step.parents if p not in mentioned]
-        child = texts[step.child]
-        out.append(f"{' and '.join(fresh)}, so {child}." if fresh else f"so {child}.")
+        out.append(([texts[p] for p in step.parents if p not in mentioned], texts[step.child]))
         mentioned.update(step.parents)
         mentioned.add(step.child)
     return out
+
+
+def render(steps: Sequence[ProofStep], texts: Mapping[str, str]) -> list[str]:
+    """Each step as the official code writes it (see the module docstring)."""
+    return [
+        f"{' and '.join(fresh)}, so {child}." if fresh else f"so {child}." for fresh, child in fresh_steps(steps, texts)
+    ]
 
 
 def context(row: Mapping[str, Any]) -> str:

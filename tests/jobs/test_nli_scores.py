@@ -256,13 +256,7 @@ def eb_chains(limit: int | None = None) -> list[Chain]:
     rows = eb.load_jsonl(EB_TEST)[:limit]
     chains: list[Chain] = []
     for row, chain_id in zip(rows, eb.chain_ids(rows), strict=True):
-        texts = eb.node_texts(row)
-        mentioned: set[str] = set()
-        steps = []
-        for step in eb.parse_proof(row["proof"]):
-            steps.append(([texts[p] for p in step.parents if p not in mentioned], texts[step.child]))
-            mentioned.update(step.parents)
-            mentioned.add(step.child)
+        steps = eb.fresh_steps(eb.parse_proof(row["proof"]), eb.node_texts(row))
         sentences = [*(row["meta"]["triples"] or {}).values(), row["question"]]
         chains.append((chain_id, sentences, steps))
     return chains
