@@ -140,21 +140,17 @@ def lm_requests(chains: list[workload.Chain]) -> list:
 
 def official(models: Models, chains: list[workload.Chain], max_length: int, device: str) -> None:
     """The reference shape: every NLI pair and every LM pass on its own, nothing shared or batched."""
-    import torch
+    from nli_bench import unbatched_loop
 
     from udfs import loglik
 
     nli_model, nli_tok = models.loaded["nli"]
-    with torch.inference_mode():
-        for chain in chains:
-            for premise, hypothesis in workload.nli_pairs(chain):
-                enc = nli_tok(premise, hypothesis, truncation="only_first", max_length=max_length,
-                              return_tensors="pt").to(device)
-                torch.softmax(nli_model(**enc).logits[0].float(), -1).tolist()
-            for r in lm_requests([chain]):
-                family = ROLE_FAMILY[r.role]
-                model, tok = models.loaded[family]
-                loglik.score(model, tok, family, [r.source], [r.target], 1, max_length, device)
+    for chain in chains:
+        unbatched_loop(nli_model, nli_tok, workload.nli_pairs(chain), max_length, device)
+        for r in lm_requests([chain]):
+            family = ROLE_FAMILY[r.role]
+            model, tok = models.loaded[family]
+            loglik.score(model, tok, family, [r.source], [r.target], 1, max_length, device)
 
 
 def needed(chains: list[workload.Chain]) -> tuple[list[tuple[str, str]], dict[str, list[tuple[str, str]]]]:
