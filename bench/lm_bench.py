@@ -4,7 +4,8 @@ One run, the same EntailmentBank chains, one GPT-2-architecture causal LM (rando
 parameters, built into a tmp folder) standing in for g, g' and the information-gain LM:
 - official: an unbatched loop; per step two LM passes for info gain (L(i), L(i-1)), one g and one g' pass;
 - raw:      the passes actually needed (n+1 per chain for info gain, g per step, g' per distinct conclusion),
-            deduplicated, length-sorted and batched, in one process, no Spark;
+            deduplicated, length-sorted and batched, shared prefixes run once (a chain's L(k), the constant g'
+            source), in one process, no Spark;
 - spark:    jobs.pvi_scores.transform on local[2] (models warmed up in the workers first).
 Throughput = needed target tokens / wall seconds (the same numerator for all three).
 
@@ -71,14 +72,14 @@ def needed_pairs(chains) -> list[tuple[str, str]]:
     return sorted(pairs)
 
 
-def raw(model, tok, pairs, batch_size, device) -> float:
+def raw(model, tok, pairs, batch_size, device, max_tokens=None) -> float:
     from udfs import loglik
 
     start = time.perf_counter()
     for role in ("pvi_g", "pvi_null", "info_gain"):
         mine = [(s, t) for r, s, t in pairs if r == role]
         loglik.score(model, tok, "causal", [s for s, _ in mine], [t for _, t in mine], batch_size=batch_size,
-                     device=device, padding_side="left")
+                     device=device, padding_side="left", share_prefix=True, max_tokens=max_tokens)
     return time.perf_counter() - start
 
 
@@ -106,6 +107,7 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-batch-tokens", type=int, default=2048, help="LM batch budget (runtime.max_batch_tokens)")
     parser.add_argument("--d-model", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--no-write", action="store_true", help="do not append to bench/RESULTS.md")
@@ -133,8 +135,8 @@ def main(argv=None) -> None:
           f"{len(pairs)} needed passes (official shape {official_passes}), {tokens} needed target tokens")
 
     torch.set_num_threads(2 if device == "cpu" else torch.get_num_threads())
-    raw(model, tok, pairs[:64], args.batch_size, device)  # warm-up
-    t_raw = raw(model, tok, pairs, args.batch_size, device)
+    raw(model, tok, pairs[:64], args.batch_size, device, args.max_batch_tokens)  # warm-up
+    t_raw = raw(model, tok, pairs, args.batch_size, device, args.max_batch_tokens)
     print(f"raw batched: {t_raw:.1f}s")
     t_off = official(model, tok, chains, device)
     print(f"official shape: {t_off:.1f}s")
@@ -145,7 +147,7 @@ def main(argv=None) -> None:
     settings = load_settings(overrides=[
         "spark.master=local[2]", "spark.shuffle_partitions=2", f"models.pvi_g={ref}", f"models.pvi_null={ref}",
         f"models.info_gain={ref}", f"runtime.device={args.device}", f"runtime.dtype={args.dtype}",
-        f"pvi.batch_size={args.batch_size}", "runtime.on_row_error=fail",
+        f"pvi.batch_size={args.batch_size}", "runtime.on_row_error=fail", f"runtime.max_batch_tokens={args.max_batch_tokens}",
     ], environ={})
     spark = build_session(settings.spark, extra={"spark.driver.memory": "2g"})
     try:
@@ -172,7 +174,8 @@ def main(argv=None) -> None:
   1-minute load average at the end: {load:.1f} (other jobs share the cores: compare ratios, not rates);
   Spark local[2]; torch threads: raw/official 2, Spark 1 per task (2 tasks).
 - Model: GPT-2 architecture, random weights, {n_params / 1e6:.1f}M parameters (d_model {args.d_model},
-  {args.layers} layers, vocab 600), used as g, g' and the information-gain LM; batch size {args.batch_size}.
+  {args.layers} layers, vocab 600), used as g, g' and the information-gain LM; batch size {args.batch_size},
+  at most {args.max_batch_tokens} padded positions per batch; shared prefixes run once (raw and Spark).
 - Data: {len(chains)} EntailmentBank task_1 test chains, {n_steps} steps. Needed passes {len(pairs)}
   (n+1 per chain for L(k), one g per step, one g' per distinct conclusion, deduplicated) vs {official_passes}
   in the official shape (4 per step); {tokens} needed target tokens.

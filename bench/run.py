@@ -13,7 +13,8 @@ LM tokens/s, peak memory of the process tree, and model FLOP/s against the cores
     .venv/bin/python bench/run.py                          # 1000 chains, CPU, local[2]; appends to RESULTS.md
     .venv/bin/python bench/run.py --chains 1000 10000 --skip-official   # scaling of (a)
     .venv/bin/python bench/run.py --dry-run                # tiny models, 6 chains: checks the harness (CI)
-    .venv/bin/python bench/run.py --device cuda --dtype bf16 --models gpu --chains 10000 --skip-official
+    .venv/bin/python bench/run.py --device cuda --dtype bf16 --models gpu --chains 10000 --skip-official \
+        --max-batch-tokens 65536
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def needed(chains: list[workload.Chain]) -> tuple[list[tuple[str, str]], dict[st
     return pairs, {role: sorted(v) for role, v in passes.items()}
 
 
-def raw(models: Models, pairs, passes, batch_size: int, max_length: int, device: str) -> None:
+def raw(models: Models, pairs, passes, batch_size: int, max_length: int, device: str, max_tokens: int | None) -> None:
     from udfs import loglik, nli
 
     nli_model, nli_tok = models.loaded["nli"]
@@ -172,7 +173,8 @@ def raw(models: Models, pairs, passes, batch_size: int, max_length: int, device:
         family = ROLE_FAMILY[role]
         model, tok = models.loaded[family]
         loglik.score(model, tok, family, [s for s, _ in items], [t for _, t in items], batch_size, max_length,
-                     device, "left" if family == "causal" else "right")
+                     device, "left" if family == "causal" else "right", share_prefix=family == "causal",
+                     max_tokens=max_tokens)
 
 
 def pipeline(spark, settings, chains: list[workload.Chain]) -> int:
@@ -201,6 +203,8 @@ def _params(module) -> int:
 def work(models: Models, pairs, passes, max_length: int) -> dict[str, float]:
     """Tokens each model processes in (c) and the forward FLOPs: 2 x non-embedding parameters x tokens
     (the LM head and attention scores are left out: a lower bound on the arithmetic done)."""
+    from udfs import loglik
+
     nli_model, nli_tok = models.loaded["nli"]
     nli_tokens = sum(min(max_length, len(ids)) for ids in nli_tok([p for p, _ in pairs], [h for _, h in pairs],
                                                                      truncation="only_first",
@@ -215,9 +219,11 @@ def work(models: Models, pairs, passes, max_length: int) -> dict[str, float]:
         if ROLE_FAMILY[role] == "seq2seq":
             lm_tokens += sum(src) + sum(tgt)
             flops += 2.0 * (_params(model.encoder) * sum(src) + _params(model.decoder) * sum(tgt))
-        else:
-            lm_tokens += sum(src) + sum(tgt)
-            flops += 2.0 * _params(model) * (sum(src) + sum(tgt))
+        else:  # the positions actually run: a shared prefix counts once
+            run = loglik.shared_positions(loglik.encode_pairs(tok, "causal", [s for s, _ in items],
+                                                              [t for _, t in items], max_length))
+            lm_tokens += run
+            flops += 2.0 * _params(model) * run
     return {"nli_tokens": nli_tokens, "lm_tokens": lm_tokens, "target_tokens": target_tokens, "flops": flops}
 
 
@@ -245,6 +251,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--models", choices=sorted(MODEL_SIZES), default=None, help="default: cpu, or dry")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--max-batch-tokens", type=int, default=2048, help="LM batch budget (runtime.max_batch_tokens)")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--skip-official", action="store_true", help="no (b): it takes the longest")
     parser.add_argument("--dry-run", action="store_true", help="tiny models, 6 chains, no RESULTS.md")
@@ -278,8 +285,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     runtime.set_threads(os.cpu_count())
     models.load(device, args.dtype)
     counts = work(models, pairs, passes, args.max_length)
-    raw(models, pairs[:32], {r: v[:32] for r, v in passes.items()}, args.batch_size, args.max_length, device)
-    t_raw = timed(lambda: raw(models, pairs, passes, args.batch_size, args.max_length, device), sync)
+    budget = args.max_batch_tokens
+    raw(models, pairs[:32], {r: v[:32] for r, v in passes.items()}, args.batch_size, args.max_length, device, budget)
+    t_raw = timed(lambda: raw(models, pairs, passes, args.batch_size, args.max_length, device, budget), sync)
     print(f"[bench] (c) raw batched: {t_raw.seconds:.1f}s")
     t_off = None
     if not args.skip_official:
@@ -295,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"spark.master={args.master}", "spark.shuffle_partitions=2", f"models.nli={ref['nli']}",
         f"models.pvi_g={ref['t5']}", f"models.pvi_null={ref['t5']}", f"models.info_gain={ref['gpt2']}",
         f"runtime.device={args.device}", f"runtime.dtype={args.dtype}", f"runtime.batch_size={args.batch_size}",
-        f"runtime.max_length={args.max_length}", "runtime.on_row_error=fail",
+        f"runtime.max_length={args.max_length}", "runtime.on_row_error=fail", f"runtime.max_batch_tokens={budget}",
     ], environ={})
     spark = build_session(settings.spark, extra={"spark.driver.memory": "2g", "spark.sql.adaptive.enabled": "false"})
     scaling: list[tuple[int, Timed]] = []
@@ -350,7 +358,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"({n_steps} steps); NLI pairs {all_pairs} ({len(pairs)} distinct); LM passes {4 * n_steps} in the official "
         f"shape, {sum(map(len, passes.values()))} needed; {counts['target_tokens']} needed LM target tokens",
         f"- models: NLI {models.nli.name}, g/g' {models.t5.name}, info gain {models.gpt2.name}; batch "
-        f"{args.batch_size}, max_length {args.max_length}; FLOPs = 2 x non-embedding parameters x tokens "
+        f"{args.batch_size}, LM batch budget {budget} tokens, max_length {args.max_length}; FLOPs = 2 x non-embedding parameters x tokens "
         f"({counts['flops'] / 1e12:.2f} TFLOP for the needed passes)",
         f"- command: `.venv/bin/python bench/run.py {' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip(),
         "",

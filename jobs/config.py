@@ -92,15 +92,21 @@ class RuntimeSettings(Section):
     # auto: bf16 on GPU, fp32 on CPU.
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     batch_size: int = Field(32, ge=1)
+    # LM scoring batches hold at most this many padded positions (rows x longest row); None: batch_size only.
+    # On CPU long rows gain nothing from batching and cost rows x heads x length^2 attention weights (measured
+    # in bench/RESULTS.md); on a GPU raise it (e.g. 65536) so batches stay full.
+    max_batch_tokens: int | None = Field(2048, ge=1)
     max_length: int = Field(512, ge=8)
     torch_threads: int | None = None
     trust_remote_code: bool = False
     # fail: a row whose scoring raises fails the job; quarantine: it goes to `quarantine`.
     on_row_error: Literal["fail", "quarantine"] = "quarantine"
     # Work reduction that leaves every score unchanged (tests prove it; off only to measure what each saves):
-    # identical NLI pairs / LM passes scored once per batch, and inputs sorted by length before batching.
+    # identical NLI pairs / LM passes scored once per batch, inputs sorted by length before batching, and
+    # causal-LM passes whose sources share a prefix (a chain's L(k), every g') run that prefix once.
     dedup: bool = True
     sort_by_length: bool = True
+    share_prefix: bool = True
 
 
 class IngestSettings(Section):

@@ -7,7 +7,9 @@ step i"; meanlogp = mean natural-log probability of the target tokens, EOS exclu
 - g':   meanlogp_g'(" " + conclusion | "Generate entailed sentence: None ->"), one per DISTINCT conclusion
         (its input is constant);
 - info: L(k) = meanlogp(" " + a_hat | " " + " ".join(s(1..k)) + " Therefore,"), L(0) with " Therefore,",
-        for k = 0..n: n+1 passes, not 2n; info_gain(i) = L(i) - L(i-1).
+        for k = 0..n: n+1 passes, not 2n; info_gain(i) = L(i) - L(i-1). With a causal LM and
+        runtime.share_prefix the n+1 passes share their prefix " s(1) ... s(k)", which the scorer runs once
+        (udfs.loglik.share_prefixes); so do the g' passes (one constant source).
 The request strings come from one plain-Python function (`chain_requests`) shared with the training job and
 the benchmark. All requests are deduplicated across the whole input before any model runs.
 """
@@ -184,7 +186,7 @@ def _factories(settings: Settings, scorer: Scorer | None) -> dict[str, Callable[
     return {
         role: loglik.model_scorer_factory(
             ref.path, families[role], rt.device, rt.dtype, ref.revision, batch_size, max_length,
-            rt.torch_threads, rt.trust_remote_code, rt.sort_by_length,
+            rt.torch_threads, rt.trust_remote_code, rt.sort_by_length, rt.share_prefix, rt.max_batch_tokens,
         )
         for role, ref in refs.items()
     }
@@ -204,19 +206,21 @@ def transform(steps: DataFrame, contexts: DataFrame, settings: Settings, scorer:
     "quarantine" it lands in `error` and the step's scores are null.
     """
     reqs = requests(steps, contexts, settings)
-    # An explicit count keeps adaptive execution from coalescing the (few, small) pair rows into one task:
-    # the model work must spread over every core.
     # runtime.dedup=False scores every request (2n L(k) passes, g' per step): the join below then meets copies,
     # which the max in `pick` absorbs, so the scores are the same.
-    pairs = reqs.select("role", "source", "target")
+    # A distinct pass keeps the first chain that asked for it: partitioned and sorted by that chain, a chain's
+    # L(k) passes reach the scorer in one batch, where runtime.share_prefix runs their common prefix once.
+    # The explicit partition count keeps adaptive execution from coalescing the (few, small) pair rows into
+    # one task: the model work must spread over every core.
+    pairs = reqs.select("role", "source", "target", F.col(ST.CHAIN_ID).alias("_chain"))
     if settings.runtime.dedup:
-        pairs = pairs.distinct()
-    pairs = pairs.repartition(_parallelism(steps))
+        pairs = pairs.groupBy("role", "source", "target").agg(F.min("_chain").alias("_chain"))
+    pairs = pairs.repartition(_parallelism(steps), "_chain").sortWithinPartitions("_chain")
     on_error = settings.runtime.on_row_error
     scored = None
     for role, factory in _factories(settings, scorer).items():
         udf = loglik.loglik_udf(factory, on_error)
-        part = pairs.where(F.col("role") == role).withColumn("s", udf("source", "target"))
+        part = pairs.where(F.col("role") == role).withColumn("s", udf("source", "target")).drop("_chain")
         scored = part if scored is None else scored.unionByName(part)
     joined = reqs.join(scored, ["role", "source", "target"], "left")
 

@@ -9,7 +9,13 @@ API
   * causal (decoder-only): the target continues the source: ``ids = source_ids + target_ids`` and the logit at
     position t scores token t+1 (shifted). Source and target are tokenised separately, without special tokens;
     an empty source is replaced by the BOS (else EOS) token so the first target token has a context.
-  * Pairs are sorted by length, cut into batches of ``batch_size`` and the results put back in input order.
+  * Pairs are sorted by length, cut into batches of ``batch_size`` (and of ``max_tokens`` padded positions when
+    given) and the results put back in input order.
+  * ``share_prefix=True`` (causal only): pairs whose source token ids share a prefix (the L(k) passes of one
+    chain: " s1 Therefore,", " s1 s2 Therefore,", ...; every g' pass: one constant source) are scored as a
+    group: the longest source runs once with the key/value cache on, and each pair continues from the cache
+    cut to its shared prefix (``share_prefixes``). The token ids are each pair's own tokenisation, so where
+    BPE merges across a step boundary the shared part is just shorter: the numbers equal separate scoring.
     Padding positions are masked (attention mask; causal LMs also get explicit position ids, so left and
     right padding give the same numbers).
   * Over ``max_length`` tokens the SOURCE is cut from the left (the end of the source, next to the target,
@@ -22,8 +28,9 @@ API
   ``token_logprobs(logits, labels, mask)`` (log-softmax + gather, zero where masked),
   ``batch_logprobs(model, family, batch)`` (one forward pass -> per-token target log-probs),
   ``length_batches(lengths, batch_size, sort)`` (length-sorted index batches, from ``udfs.runtime``).
+- ``share_prefixes(encoded) -> (groups, singles)``: the grouping above, plain Python.
 - ``Scorer``: a callable ``(sources, targets) -> list[TargetScore]`` bound to a loaded model; counts calls,
-  pairs and truncations (tests and benchmarks read the counters).
+  pairs, truncations and the token positions the model ran (tests and benchmarks read the counters).
 - ``loglik_udf(...)``: an iterator pandas UDF over (source, target) string columns returning
   ``struct(sum_logprob double, n_tokens int, mean_logprob double, truncated boolean, error string)``; the model
   is loaded once per Python worker with ``udfs.runtime.load_model`` on ``runtime.task_device``.
@@ -220,12 +227,156 @@ def batch_logprobs(model: Any, family: Family, batch: dict[str, torch.Tensor]) -
         "position_ids": batch["position_ids"],
         "use_cache": False,
     }
-    try:
-        # logits_to_keep counts from the end of the full sequence; the last position scores nothing.
-        logits = model(**kwargs, logits_to_keep=keep + 1).logits[:, :-1]
-    except TypeError:  # architectures without logits_to_keep
-        logits = model(**kwargs).logits[:, first:-1]
+    # The last position scores nothing.
+    logits = causal_forward(model, kwargs, keep + 1).logits[:, :-1]
     return token_logprobs(logits, batch["labels"][:, first:], label_mask[:, first:])
+
+
+def causal_forward(model: Any, kwargs: dict[str, Any], keep: int) -> Any:
+    """A causal LM forward whose output keeps the logits of the last `keep` positions only."""
+    try:
+        return model(**kwargs, logits_to_keep=keep)
+    except TypeError:  # architectures without logits_to_keep: the full logits, cut here
+        out = model(**kwargs)
+        out.logits = out.logits[:, -keep:]
+        return out
+
+
+# --- prefix sharing (causal) --------------------------------------------------------------------------------
+
+
+@dataclass
+class Stats:
+    """Model work done by `score`: forward passes and token positions run (padding not counted)."""
+
+    forwards: int = 0
+    positions: int = 0
+
+    def add(self, mask: torch.Tensor) -> None:
+        self.forwards += 1
+        self.positions += int(mask.sum())
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+@dataclass(frozen=True)
+class PrefixGroup:
+    """Pairs scored off one cached context: `context` runs once; row (i, visible) reads context[:visible]."""
+
+    context: list[int]
+    rows: list[tuple[int, int]]
+
+
+def share_prefixes(encoded: Sequence[Encoded], min_shared: int = 2) -> tuple[list[PrefixGroup], list[int]]:
+    """Causal pairs -> groups whose sources share a prefix, and the indices left to score on their own.
+
+    Sorted by source ids, sources with a common prefix are contiguous, and a source's longest common prefix with
+    any other source is the one with a neighbour. A run is cut where neighbours share fewer than `min_shared`
+    tokens or less than half of the shorter source (a few shared tokens would only widen the cache every row
+    attends to). Within a run every source shares at least that much with the longest one, the run's context.
+    A row sees one token less of the context than it shares: that token is run again in the row, so the first
+    target token is scored from the row's own logits even when nothing of the source follows the shared part.
+    """
+    order = sorted(range(len(encoded)), key=lambda i: encoded[i].source_ids)
+    runs: list[list[int]] = []
+    for i in order:
+        if runs:
+            prev, src = encoded[runs[-1][-1]].source_ids, encoded[i].source_ids
+            shared = common_prefix(prev, src)
+            if shared >= min_shared and 2 * shared >= min(len(prev), len(src)):
+                runs[-1].append(i)
+                continue
+        runs.append([i])
+    groups: list[PrefixGroup] = []
+    singles: list[int] = []
+    for run in runs:
+        if len(run) == 1:
+            singles.extend(run)
+            continue
+        trunk = max((encoded[i].source_ids for i in run), key=len)
+        rows = [(i, common_prefix(encoded[i].source_ids, trunk) - 1) for i in run]
+        groups.append(PrefixGroup(trunk[: max(v for _, v in rows)], rows))
+    return groups, singles
+
+
+def shared_positions(encoded: Sequence[Encoded]) -> int:
+    """Token positions `score(..., share_prefix=True)` runs for these pairs (padding not counted)."""
+    groups, alone = share_prefixes(encoded)
+    rows = sum(encoded[i].length - visible - 1 for g in groups for i, visible in g.rows if encoded[i].target_ids)
+    return sum(len(g.context) for g in groups) + rows + sum(encoded[i].length for i in alone)
+
+
+@torch.inference_mode()
+def shared_prefix_logprobs(
+    model: Any, encoded: Sequence[Encoded], groups: Sequence[PrefixGroup], pad: int, batch_size: int,
+    device: str = "cpu", sort: bool = True, stats: Stats | None = None, max_tokens: int | None = None,
+) -> dict[int, float]:  # fmt: skip
+    """Summed target log-probs of every grouped pair: each context runs once, each row continues from it."""
+    sums: dict[int, float] = {}
+    stats = stats if stats is not None else Stats()
+    for gidx in length_batches([len(g.context) for g in groups], batch_size, sort, max_tokens):
+        batch = [groups[k] for k in gidx]
+        width = max(len(g.context) for g in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for b, g in enumerate(batch):  # left padding: every context ends in the last column
+            ids[b, width - len(g.context) :] = torch.tensor(g.context)
+            mask[b, width - len(g.context) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        kwargs = {"input_ids": ids.to(device), "attention_mask": mask.to(device),
+                  "position_ids": positions.to(device), "use_cache": True}
+        cache = causal_forward(model, kwargs, 1).cache
+        stats.add(mask)
+        # row: (context row b, pair i, visible v); it runs source[v:] + target[:-1] and scores the target
+        rows = [(b, i, v) for b, g in enumerate(batch) for i, v in g.rows if encoded[i].target_ids]
+        for i in (i for g in batch for i, _ in g.rows if not encoded[i].target_ids):
+            sums[i] = 0.0
+        seqs = [(encoded[i].source_ids + encoded[i].target_ids)[v:-1] for _, i, v in rows]
+        # A row attends to its context's cache too: the budget counts both widths.
+        for chunk in length_batches([width + len(x) for x in seqs], batch_size, sort, max_tokens):
+            t_width = max(len(seqs[r]) for r in chunk)
+            keep = max(len(encoded[rows[r][1]].target_ids) for r in chunk)
+            inp = torch.full((len(chunk), t_width), pad, dtype=torch.long)
+            row_mask = torch.zeros((len(chunk), t_width), dtype=torch.long)
+            seen = torch.zeros((len(chunk), width), dtype=torch.long)
+            labels = torch.zeros((len(chunk), keep), dtype=torch.long)
+            label_mask = torch.zeros((len(chunk), keep), dtype=torch.bool)
+            for c, r in enumerate(chunk):
+                b, i, v = rows[r]
+                seq, tgt = seqs[r], encoded[i].target_ids
+                inp[c, t_width - len(seq) :] = torch.tensor(seq)  # left padded: targets end in the last column
+                row_mask[c, t_width - len(seq) :] = 1
+                start = width - len(batch[b].context)
+                seen[c, start : start + v] = 1  # the shared prefix only, not the rest of the context
+                labels[c, keep - len(tgt) :] = torch.tensor(tgt)
+                label_mask[c, keep - len(tgt) :] = True
+            offset = torch.tensor([rows[r][2] for r in chunk]).unsqueeze(1)
+            row_positions = offset + (row_mask.cumsum(-1) - 1).clamp(min=0)
+            index = torch.tensor([rows[r][0] for r in chunk], device=device)
+            kwargs = {
+                "input_ids": inp.to(device),
+                "attention_mask": torch.cat([seen, row_mask], dim=1).to(device),
+                "position_ids": row_positions.to(device),
+                "cache": select_cache(cache, index, model.config),
+                "use_cache": True,
+            }
+            logits = causal_forward(model, kwargs, keep).logits
+            stats.add(row_mask)
+            logp = token_logprobs(logits, labels.to(device), label_mask.to(device)).sum(-1).double().cpu().tolist()
+            for r, total in zip(chunk, logp, strict=True):
+                sums[rows[r][1]] = total
+    return sums
+
+
+def select_cache(cache: Any, index: torch.Tensor, config: Any) -> Any:
+    """A new cache holding rows `index` of `cache` (rows may repeat); the original stays untouched."""
+    from transformers import DynamicCache
+
+    data = [(layer.keys.index_select(0, index), layer.values.index_select(0, index)) for layer in cache.layers]
+    return DynamicCache(ddp_cache_data=data, config=config)
 
 
 def score(
@@ -239,33 +390,45 @@ def score(
     device: str = "cpu",
     padding_side: str = "right",
     sort: bool = True,
+    share_prefix: bool = False,
+    stats: Stats | None = None,
+    max_tokens: int | None = None,
 ) -> list[TargetScore]:
     """Sum, count and mean natural-log probability of each target given its source, in input order."""
     if family not in ("causal", "seq2seq"):
         raise ValueError(f"family must be causal or seq2seq, got {family!r}")
     if not sources and not targets:
         return []
+    stats = stats if stats is not None else Stats()
     encoded = encode_pairs(tokenizer, family, sources, targets, max_length)
     pad = pad_id(tokenizer)
+    sums: dict[int, float] = {}
+    alone = list(range(len(encoded)))
+    if share_prefix and family == "causal":
+        groups, alone = share_prefixes(encoded)
+        sums = shared_prefix_logprobs(model, encoded, groups, pad, batch_size, device, sort, stats, max_tokens)
     build = causal_batch if family == "causal" else seq2seq_batch
-    results: list[TargetScore | None] = [None] * len(encoded)
-    for idx in length_batches([e.length for e in encoded], batch_size, sort):
-        items = [encoded[i] for i in idx]
-        logp = batch_logprobs(model, family, build(items, pad, padding_side, device))
-        sums = logp.sum(-1).double().cpu().tolist()
-        for i, total in zip(idx, sums, strict=True):
-            n = len(encoded[i].target_ids)
-            results[i] = TargetScore(
-                sum_logprob=float(total) if n else 0.0,
-                n_tokens=n,
-                mean_logprob=float(total) / n if n else math.nan,
-                truncated=encoded[i].truncated,
-            )
-    return results  # type: ignore[return-value]
+    for idx in length_batches([encoded[i].length for i in alone], batch_size, sort, max_tokens):
+        items = [encoded[alone[k]] for k in idx]
+        batch = build(items, pad, padding_side, device)
+        logp = batch_logprobs(model, family, batch)
+        stats.add(batch["attention_mask"])
+        for k, total in zip(idx, logp.sum(-1).double().cpu().tolist(), strict=True):
+            sums[alone[k]] = total
+    results = []
+    for i, e in enumerate(encoded):
+        n = len(e.target_ids)
+        results.append(TargetScore(
+            sum_logprob=float(sums[i]) if n else 0.0,
+            n_tokens=n,
+            mean_logprob=float(sums[i]) / n if n else math.nan,
+            truncated=e.truncated,
+        ))  # fmt: skip
+    return results
 
 
 class Scorer:
-    """`score` bound to one loaded model; counts calls, pairs scored and truncated pairs."""
+    """`score` bound to one loaded model; counts calls, pairs scored, truncated pairs and model work."""
 
     def __init__(
         self,
@@ -277,19 +440,23 @@ class Scorer:
         device: str = "cpu",
         padding_side: str = "right",
         sort: bool = True,
+        share_prefix: bool = False,
+        max_tokens: int | None = None,
     ) -> None:
         self.model, self.tokenizer, self.family, self.sort = model, tokenizer, family, sort
         self.batch_size, self.max_length, self.device, self.padding_side = batch_size, max_length, device, padding_side
+        self.share_prefix, self.max_tokens = share_prefix, max_tokens
         self.calls = 0
         self.pairs = 0
         self.truncated = 0
+        self.stats = Stats()
 
     def __call__(self, sources: Sequence[str], targets: Sequence[str]) -> list[TargetScore]:
         self.calls += 1
         self.pairs += len(sources)
         out = score(
-            self.model, self.tokenizer, self.family, sources, targets,
-            self.batch_size, self.max_length, self.device, self.padding_side, self.sort,
+            self.model, self.tokenizer, self.family, sources, targets, self.batch_size, self.max_length,
+            self.device, self.padding_side, self.sort, self.share_prefix, self.stats, self.max_tokens,
         )
         self.truncated += sum(s.truncated for s in out)
         return out
@@ -313,6 +480,8 @@ def model_scorer_factory(
     torch_threads: int | None = None,
     trust_remote_code: bool = False,
     sort: bool = True,
+    share_prefix: bool = False,
+    max_tokens: int | None = None,
 ) -> Callable[[], ScoreFn]:
     """A picklable factory that, on the executor, loads the model once per worker and returns a Scorer."""
 
@@ -323,7 +492,7 @@ def model_scorer_factory(
         # Causal LMs are left-padded: every row's target then ends at the last column and the LM head runs
         # only over the last (longest target) columns.
         side = "left" if family == "causal" else "right"
-        return Scorer(model, tok, family, batch_size, max_length, dev, side, sort)
+        return Scorer(model, tok, family, batch_size, max_length, dev, side, sort, share_prefix, max_tokens)
 
     return factory
 

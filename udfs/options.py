@@ -22,7 +22,7 @@ from typing import Any, Tuple  # noqa: UP035 (pandas_udf type hints need typing.
 import pandas as pd
 import torch
 
-from udfs.loglik import IGNORE, _start_id, pad_id, token_logprobs
+from udfs.loglik import IGNORE, _start_id, pad_id, select_cache, token_logprobs
 from udfs.loglik import score as loglik_score
 
 
@@ -101,14 +101,6 @@ def _batches(lengths: Sequence[int], size: int) -> list[list[int]]:
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
-def _select_cache(cache: Any, index: torch.Tensor, config: Any) -> Any:
-    """A new cache holding rows `index` of `cache` (rows may repeat); the original stays untouched."""
-    from transformers import DynamicCache
-
-    data = [(layer.keys.index_select(0, index), layer.values.index_select(0, index)) for layer in cache.layers]
-    return DynamicCache(ddp_cache_data=data, config=config)
-
-
 @torch.inference_mode()
 def _causal(model: Any, tokenizer: Any, examples: list[_Example], batch_size: int, device: str) -> list[list[float]]:
     pad = pad_id(tokenizer)
@@ -154,7 +146,7 @@ def _causal(model: Any, tokenizer: Any, examples: list[_Example], batch_size: in
                 input_ids=inp.to(device),
                 attention_mask=attn,
                 position_ids=pos,
-                cache=_select_cache(cache, index, model.config),
+                cache=select_cache(cache, index, model.config),
                 use_cache=True,
             )
             logp = token_logprobs(step.logits, labels.to(device), lmask.to(device)).sum(-1).double().cpu().tolist()

@@ -135,11 +135,31 @@ def load_model(
         return model, tokenizer
 
 
-def length_batches(lengths: Sequence[int], batch_size: int, sort: bool = True) -> list[list[int]]:
-    """Indices cut into batches; sorted by length first (longest first, so an out-of-memory shows at once),
-    which cuts padding. sort=False keeps input order (runtime.sort_by_length: the bench's baseline)."""
+def length_batches(
+    lengths: Sequence[int], batch_size: int, sort: bool = True, max_tokens: int | None = None
+) -> list[list[int]]:
+    """Indices cut into batches of at most `batch_size`, and of at most `max_tokens` padded positions (rows x
+    longest row) when given; sorted by length first (longest first, so an out-of-memory shows at once), which
+    cuts padding. sort=False keeps input order (runtime.sort_by_length: the bench's baseline).
+
+    The token budget matters on CPU: a batch of long rows materialises rows x heads x length^2 attention
+    weights and gains nothing over a few rows, while short rows still fill a batch.
+    """
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i]) if sort else list(range(len(lengths)))
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    batches: list[list[int]] = []
+    width = 0
+    for i in order:
+        wider = max(width, lengths[i])
+        if batches and batches[-1] and (
+            len(batches[-1]) == batch_size or (max_tokens is not None and wider * (len(batches[-1]) + 1) > max_tokens)
+        ):
+            batches.append([])
+            wider = lengths[i]
+        if not batches:
+            batches.append([])
+        batches[-1].append(i)
+        width = wider
+    return batches
 
 
 def task_cpus() -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,10 @@ class RecordingLM:
         self.path = str(path)
 
     def __call__(self, role, sources, targets):
+        call = uuid.uuid4().hex  # which pairs reached the scorer together
         with open(self.path, "a") as f:
             for s, t in zip(sources, targets, strict=True):
-                f.write(f"{role}\t{s}\t{t}\n")
+                f.write(f"{role}\t{s}\t{t}\t{call}\n")
         return fake_lm(role, sources, targets)
 
 
@@ -128,6 +130,22 @@ def test_transform_n_plus_one_info_gain_passes_and_one_null_pass_per_conclusion(
     # info gains telescope: their sum is L(n) - L(0)
     by_idx = {r.step_idx: r for r in rows}
     assert sum(r.info_gain for r in rows) == pytest.approx(by_idx[n - 1].ig_l - by_idx[0].ig_l_prev)
+
+
+def test_transform_gives_the_scorer_each_chains_info_gain_passes_together(spark, make_settings, tmp_path):
+    # Prefix sharing needs a chain's L(k) passes in one scorer call; deduplication must not scatter them.
+    chains = {f"k{c}": 2 + c % 3 for c in range(8)}
+    steps = [step(c, i, n, f"Chain {c} step {i}.", [], f"{c} {i}") for c, n in chains.items() for i in range(n)]
+    steps_df, ctx = frames(spark, steps, {c: "same answer" for c in chains})  # L(0) is shared by all chains
+    log = tmp_path / "calls.tsv"
+    rows = P.transform(steps_df.repartition(3), ctx, make_settings("spark.shuffle_partitions=3"), RecordingLM(log))
+    assert rows.where("error is null").count() == len(steps)
+    calls = [line.split("\t") for line in log.read_text().splitlines()]
+    ig = [c for c in calls if c[0] == "info_gain"]
+    assert len(ig) == sum(chains.values()) + 1  # L(1..n) per chain, one L(0) for all
+    for chain, n in chains.items():
+        mine = [c for c in ig if f"Chain {chain} step" in c[1]]
+        assert len(mine) == n and len({c[3] for c in mine}) == 1, chain
 
 
 def test_transform_quarantine_mode_marks_failing_step(spark, make_settings):

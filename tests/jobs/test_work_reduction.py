@@ -1,4 +1,4 @@
-"""Work reduction leaves every score unchanged: pair/pass deduplication and length sorting, on and off.
+"""Work reduction leaves every score unchanged: pair/pass deduplication, length sorting, prefix sharing, on and off.
 
 The tiny random models from the helper score a few chains whose context sentences and conclusions recur
 (as they do across a night's chains), so deduplication removes real work; each optimisation is switched off
@@ -42,6 +42,7 @@ def _settings(make_settings, *extra):
 
 VARIANTS = [("runtime.dedup=false",), ("runtime.sort_by_length=false",),
             ("runtime.dedup=false", "runtime.sort_by_length=false")]
+PVI_VARIANTS = [*VARIANTS, ("runtime.share_prefix=false",)]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=["no-dedup", "no-sort", "neither"])
@@ -69,7 +70,7 @@ def _sent(spark, steps, contexts, settings) -> int:
     return sent.value
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=["no-dedup", "no-sort", "neither"])
+@pytest.mark.parametrize("variant", PVI_VARIANTS, ids=["no-dedup", "no-sort", "neither", "no-share"])
 def test_pvi_scores_identical_without_each_optimisation(spark, make_settings, tiny_models, variant):
     steps, contexts = _frames(spark)
     want = pvi_scores.transform(steps, contexts, _settings(make_settings))

@@ -108,6 +108,74 @@ def test_score_empty_target_has_no_tokens(gpt2):
     assert got[1].n_tokens > 0
 
 
+# One chain's information-gain passes L(0..n) and its g' passes (constant source), plus pairs that share nothing.
+# The second step ends in a space, so " ".join puts two spaces at that boundary (whitespace runs are where
+# byte-level BPE pre-tokenisation is least obvious); grouping works on each pair's own token ids regardless.
+CHAIN_STEPS = ["The sun is a star.", "A star gives off light ", "So the sun gives off light.", "Plants need it."]
+
+
+def _chain_pairs() -> tuple[list[str], list[str]]:
+    from jobs import pvi_scores as P
+
+    reqs = P.chain_requests(CHAIN_STEPS, [[]] * 4, ["a b", "c", "d e f", "g"], "the sun shines")
+    pairs = [(r.source, r.target) for r in reqs if r.kind != P.G]
+    pairs = list(dict.fromkeys(pairs))  # L(k) of step i+1 = L(k) of step i: scored once, as the job does
+    pairs += [("x", " y"), ("", " z"), (" The sun is a star. Therefore,", "")]  # lone, empty source, empty target
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 16])
+@pytest.mark.parametrize("max_length", [512, 20])
+def test_shared_prefix_scores_equal_separate_scoring(gpt2, batch_size, max_length):
+    model, tok = gpt2
+    sources, targets = _chain_pairs()
+    alone = loglik.score(model, tok, "causal", sources, targets, batch_size, max_length, padding_side="left")
+    shared = loglik.score(model, tok, "causal", sources, targets, batch_size, max_length, share_prefix=True)
+    assert [(s.n_tokens, s.truncated) for s in shared] == [(s.n_tokens, s.truncated) for s in alone]
+    assert any(s.truncated for s in alone) == (max_length == 20)  # the short limit cuts sources from the left
+    for got, want in zip(shared, alone, strict=True):
+        assert got.sum_logprob == pytest.approx(want.sum_logprob, abs=1e-5)
+    if max_length == 512:  # and both equal the direct unbatched computation
+        for s, t, got in zip(sources, targets, shared, strict=True):
+            assert got.sum_logprob == pytest.approx(sum(direct_causal(model, tok, s, t)), abs=1e-5)
+
+
+def test_share_prefixes_groups_a_chains_passes_on_their_own_token_ids(gpt2):
+    _, tok = gpt2
+    sources, targets = _chain_pairs()
+    encoded = loglik.encode_pairs(tok, "causal", sources, targets, 512)
+    groups, alone = loglik.share_prefixes(encoded)
+    ig = [i for i, s in enumerate(sources) if s.endswith("Therefore,") and s != " Therefore,"]
+    null = [i for i, s in enumerate(sources) if s.endswith("None ->")]
+    assert sorted(sorted(i for i, _ in g.rows) for g in groups) == sorted([sorted(ig), null])
+    assert sorted(alone) == sorted(set(range(len(sources))) - set(ig) - set(null))  # L(0), "x", ""
+    for g in groups:
+        for i, visible in g.rows:
+            ids = tok(sources[i], add_special_tokens=False)["input_ids"]
+            # The cached part is the pair's own tokenisation: context[:visible] + its own rest == its source.
+            assert g.context[:visible] + ids[visible:] == ids
+            assert 1 <= visible < len(ids)
+            assert visible == loglik.common_prefix(ids, max((tok(sources[j], add_special_tokens=False)["input_ids"]
+                                                            for j, _ in g.rows), key=len)) - 1
+
+
+def test_shared_prefix_runs_fewer_token_positions(gpt2):
+    model, tok = gpt2
+    sources, targets = _chain_pairs()
+    alone, shared = loglik.Stats(), loglik.Stats()
+    loglik.score(model, tok, "causal", sources, targets, batch_size=64, stats=alone)
+    loglik.score(model, tok, "causal", sources, targets, batch_size=64, share_prefix=True, stats=shared)
+    encoded = loglik.encode_pairs(tok, "causal", sources, targets, 512)
+    groups, single = loglik.share_prefixes(encoded)
+    # Hand count: each context once, each row its source after the visible part plus its target but the last.
+    want = sum(len(g.context) for g in groups)
+    want += sum(encoded[i].length - v - 1 for g in groups for i, v in g.rows if encoded[i].target_ids)
+    want += sum(encoded[i].length for i in single)
+    assert alone.positions == sum(e.length for e in encoded)
+    assert shared.positions == want < alone.positions
+    assert (alone.forwards, shared.forwards) == (1, 3)  # one batch; contexts + rows + the lone pairs
+
+
 def test_token_logprobs_hand_values():
     # logits [0, ln 3] -> p = [1/4, 3/4]; mask drops the second position whatever its label.
     logits = torch.tensor([[[0.0, math.log(3.0)], [5.0, 1.0]]])
@@ -121,6 +189,25 @@ def test_token_logprobs_hand_values():
 def test_length_batches_sorts_and_covers_every_index():
     batches = loglik.length_batches([3, 9, 1, 7, 5], 2)
     assert batches == [[1, 3], [4, 0], [2]]
+
+
+def test_length_batches_token_budget_caps_rows_times_longest():
+    # longest first: 9 alone (2 x 9 > 16); 7 and 5 (2 x 7 = 14); 3 would make 3 x 7 = 21, so 3 and 1 (2 x 3)
+    assert loglik.length_batches([3, 9, 1, 7, 5], 8, max_tokens=16) == [[1], [3, 4], [0, 2]]
+    assert loglik.length_batches([9, 1, 1, 1, 1], 8, max_tokens=16) == [[0], [1, 2, 3, 4]]
+    assert loglik.length_batches([9, 1, 1, 1, 1], 3, max_tokens=16) == [[0], [1, 2, 3], [4]]
+    # unsorted: the running longest row counts; a row longer than the budget still gets its own batch
+    assert loglik.length_batches([3, 20, 1, 2], 8, sort=False, max_tokens=8) == [[0], [1], [2, 3]]
+
+
+@pytest.mark.parametrize("max_tokens", [None, 40, 200])
+def test_score_same_under_any_token_budget(gpt2, max_tokens):
+    model, tok = gpt2
+    sources, targets = _chain_pairs()
+    want = loglik.score(model, tok, "causal", sources, targets, batch_size=1)
+    for share in (False, True):
+        got = loglik.score(model, tok, "causal", sources, targets, 16, share_prefix=share, max_tokens=max_tokens)
+        assert [g.sum_logprob for g in got] == pytest.approx([w.sum_logprob for w in want], abs=1e-5)
 
 
 def _fake_factory():
