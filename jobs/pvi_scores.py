@@ -211,11 +211,12 @@ def transform(steps: DataFrame, contexts: DataFrame, settings: Settings, scorer:
     # A distinct pass keeps the first chain that asked for it: partitioned and sorted by that chain, a chain's
     # L(k) passes reach the scorer in one batch, where runtime.share_prefix runs their common prefix once.
     # The explicit partition count keeps adaptive execution from coalescing the (few, small) pair rows into
-    # one task: the model work must spread over every core.
+    # one task: the model work must spread over every core. Chains differ in cost and hashing them is uneven,
+    # so each core gets several partitions, which evens out the load.
     pairs = reqs.select("role", "source", "target", F.col(ST.CHAIN_ID).alias("_chain"))
     if settings.runtime.dedup:
         pairs = pairs.groupBy("role", "source", "target").agg(F.min("_chain").alias("_chain"))
-    pairs = pairs.repartition(_parallelism(steps), "_chain").sortWithinPartitions("_chain")
+    pairs = pairs.repartition(4 * _parallelism(steps), "_chain").sortWithinPartitions("_chain")
     on_error = settings.runtime.on_row_error
     scored = None
     for role, factory in _factories(settings, scorer).items():

@@ -379,6 +379,26 @@ def select_cache(cache: Any, index: torch.Tensor, config: Any) -> Any:
     return DynamicCache(ddp_cache_data=data, config=config)
 
 
+def logprob_sums(
+    model: Any, family: Family, encoded: Sequence[Encoded], pad: int, batch_size: int, device: str = "cpu",
+    padding_side: str = "right", sort: bool = True, groups: Sequence[PrefixGroup] = (), stats: Stats | None = None,
+    max_tokens: int | None = None,
+) -> dict[int, float]:  # fmt: skip
+    """Summed target log-probs of every encoded pair, by index: pairs in `groups` (causal only) continue from
+    their group's cached context, the others are batched on their own."""
+    stats = stats if stats is not None else Stats()
+    sums = shared_prefix_logprobs(model, encoded, groups, pad, batch_size, device, sort, stats, max_tokens) if groups else {}
+    alone = [i for i in range(len(encoded)) if i not in sums]
+    build = causal_batch if family == "causal" else seq2seq_batch
+    for idx in length_batches([encoded[i].length for i in alone], batch_size, sort, max_tokens):
+        batch = build([encoded[alone[k]] for k in idx], pad, padding_side, device)
+        logp = batch_logprobs(model, family, batch)
+        stats.add(batch["attention_mask"])
+        for k, total in zip(idx, logp.sum(-1).double().cpu().tolist(), strict=True):
+            sums[alone[k]] = total
+    return sums
+
+
 def score(
     model: Any,
     tokenizer: Any,
@@ -399,22 +419,11 @@ def score(
         raise ValueError(f"family must be causal or seq2seq, got {family!r}")
     if not sources and not targets:
         return []
-    stats = stats if stats is not None else Stats()
     encoded = encode_pairs(tokenizer, family, sources, targets, max_length)
-    pad = pad_id(tokenizer)
-    sums: dict[int, float] = {}
-    alone = list(range(len(encoded)))
-    if share_prefix and family == "causal":
-        groups, alone = share_prefixes(encoded)
-        sums = shared_prefix_logprobs(model, encoded, groups, pad, batch_size, device, sort, stats, max_tokens)
-    build = causal_batch if family == "causal" else seq2seq_batch
-    for idx in length_batches([encoded[i].length for i in alone], batch_size, sort, max_tokens):
-        items = [encoded[alone[k]] for k in idx]
-        batch = build(items, pad, padding_side, device)
-        logp = batch_logprobs(model, family, batch)
-        stats.add(batch["attention_mask"])
-        for k, total in zip(idx, logp.sum(-1).double().cpu().tolist(), strict=True):
-            sums[alone[k]] = total
+    groups = share_prefixes(encoded)[0] if share_prefix and family == "causal" else []
+    sums = logprob_sums(
+        model, family, encoded, pad_id(tokenizer), batch_size, device, padding_side, sort, groups, stats, max_tokens
+    )
     results = []
     for i, e in enumerate(encoded):
         n = len(e.target_ids)

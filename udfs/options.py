@@ -4,7 +4,8 @@ Every option of an example continues the same prompt, so the prompt is encoded o
 - encoder-decoder: the encoder runs once per prompt; each option row reuses its encoder output, the decoder
   reads `prefix + option` and only the option tokens are scored;
 - decoder-only: `prompt + prefix` runs once with the key/value cache on; each option row continues from a
-  copy of its example's cache, and the first option token is scored from the prompt pass's last logits.
+  copy of its example's cache (`udfs.loglik.logprob_sums` with one prefix group per example, the same code
+  that shares a chain's L(k) prefix).
 Numbers equal `udfs.loglik.score` on (prompt + prefix, option) pairs (same tokenisation: source and target
 encoded separately, EOS never scored) whenever nothing is truncated. Under truncation the shared prompt is cut
 from the left to fit the LONGEST option, so all options of an example see the same context.
@@ -22,8 +23,9 @@ from typing import Any, Tuple  # noqa: UP035 (pandas_udf type hints need typing.
 import pandas as pd
 import torch
 
-from udfs.loglik import IGNORE, _start_id, pad_id, select_cache, token_logprobs
+from udfs.loglik import IGNORE, Encoded, PrefixGroup, _start_id, logprob_sums, pad_id, token_logprobs
 from udfs.loglik import score as loglik_score
+from udfs.runtime import length_batches
 
 
 @dataclass(frozen=True)
@@ -96,63 +98,24 @@ def _encode(
     return out
 
 
-def _batches(lengths: Sequence[int], size: int) -> list[list[int]]:
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [order[i : i + size] for i in range(0, len(order), size)]
-
-
-@torch.inference_mode()
 def _causal(model: Any, tokenizer: Any, examples: list[_Example], batch_size: int, device: str) -> list[list[float]]:
-    pad = pad_id(tokenizer)
-    sums: list[list[float]] = [[0.0] * len(e.options) for e in examples]
-    for group in _batches([len(e.context) for e in examples], batch_size):
-        width = max(len(examples[i].context) for i in group)
-        ids = torch.full((len(group), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(group), width), dtype=torch.long)
-        for b, i in enumerate(group):  # left padding: every context ends in the last column
-            ctx = examples[i].context
-            ids[b, width - len(ctx) :] = torch.tensor(ctx)
-            mask[b, width - len(ctx) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
-        kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "use_cache": True}
-        try:
-            # Only the last position scores anything here: skip the vocabulary-wide head elsewhere.
-            out = model(**kwargs, logits_to_keep=1)
-        except TypeError:  # architectures without logits_to_keep
-            out = model(**kwargs)
-        first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # scores each option's first token
-        cache = out.cache
-        lengths = mask.sum(-1)
-        rows = [(b, k) for b, i in enumerate(group) for k, t in enumerate(examples[i].options) if t]
-        for b, k in rows:
-            sums[group[b]][k] = float(first[b, examples[group[b]].options[k][0]])
-        rows = [(b, k) for b, k in rows if len(examples[group[b]].options[k]) > 1]
-        for start in range(0, len(rows), batch_size):
-            chunk = rows[start : start + batch_size]
-            opts = [examples[group[b]].options[k] for b, k in chunk]
-            t_width = max(len(t) for t in opts) - 1
-            inp = torch.full((len(chunk), t_width), pad, dtype=torch.long)
-            labels = torch.zeros((len(chunk), t_width), dtype=torch.long)
-            lmask = torch.zeros((len(chunk), t_width), dtype=torch.bool)
-            for r, t in enumerate(opts):  # option tokens 1..n-1 predict tokens 2..n
-                inp[r, : len(t) - 1] = torch.tensor(t[:-1])
-                labels[r, : len(t) - 1] = torch.tensor(t[1:])
-                lmask[r, : len(t) - 1] = True
-            index = torch.tensor([b for b, _ in chunk], device=device)
-            attn = torch.cat([mask.index_select(0, index), lmask.long().to(device)], dim=1)
-            pos = lengths.index_select(0, index).unsqueeze(1) + torch.arange(t_width, device=device)
-            step = model(
-                input_ids=inp.to(device),
-                attention_mask=attn,
-                position_ids=pos,
-                cache=select_cache(cache, index, model.config),
-                use_cache=True,
-            )
-            logp = token_logprobs(step.logits, labels.to(device), lmask.to(device)).sum(-1).double().cpu().tolist()
-            for (b, k), total in zip(chunk, logp, strict=True):
-                sums[group[b]][k] += total
-    return sums
+    """Each example's context runs once (key/value cache on); every option continues from it."""
+    encoded: list[Encoded] = []
+    groups: list[PrefixGroup] = []
+    owner: list[tuple[int, int]] = []
+    for x, e in enumerate(examples):
+        rows = []
+        for k, option in enumerate(e.options):
+            rows.append((len(encoded), len(e.context) - 1))
+            encoded.append(Encoded(e.context, option, e.truncated))
+            owner.append((x, k))
+        if len(e.context) > 1 and rows:  # a one-token context has nothing to share
+            groups.append(PrefixGroup(e.context[:-1], rows))
+    sums = logprob_sums(model, "causal", encoded, pad_id(tokenizer), batch_size, device, "left", groups=groups)
+    out: list[list[float]] = [[0.0] * len(e.options) for e in examples]
+    for i, (x, k) in enumerate(owner):
+        out[x][k] = sums[i]
+    return out
 
 
 @torch.inference_mode()
@@ -164,7 +127,7 @@ def _seq2seq(model: Any, tokenizer: Any, examples: list[_Example], batch_size: i
     pad = pad_id(tokenizer)
     sums: list[list[float]] = [[0.0] * len(e.options) for e in examples]
     encoder = model.get_encoder()
-    for group in _batches([len(e.context) for e in examples], batch_size):
+    for group in length_batches([len(e.context) for e in examples], batch_size):
         width = max(len(examples[i].context) for i in group)
         ids = torch.full((len(group), width), pad, dtype=torch.long)
         mask = torch.zeros((len(group), width), dtype=torch.long)
