@@ -13,6 +13,7 @@ LM tokens/s, peak memory of the process tree, and model FLOP/s against the cores
     .venv/bin/python bench/run.py                          # 1000 chains, CPU, local[2]; appends to RESULTS.md
     .venv/bin/python bench/run.py --chains 1000 10000 --skip-official   # scaling of (a)
     .venv/bin/python bench/run.py --dry-run                # tiny models, 6 chains: checks the harness (CI)
+    .venv/bin/python bench/run.py --chains 100 --skip-official --cluster 1 2   # (a) on 1 vs 2 standalone workers
     .venv/bin/python bench/run.py --device cuda --dtype bf16 --models gpu --chains 10000 --skip-official \
         --max-batch-tokens 65536
 """
@@ -38,35 +39,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import workload  # noqa: E402
 
+from scripts.cluster import StandaloneCluster, tree_rss  # noqa: E402
+
 # name -> (T5 d_model, layers; GPT-2 d_model, layers): "cpu" is the issue's timing size, "gpu" fills an H200 better.
 MODEL_SIZES = {"dry": (32, 2, 32, 2), "cpu": (256, 4, 512, 8), "gpu": (1024, 12, 1536, 24)}
 H200_BF16_PEAK = 989e12  # dense bf16 tensor-core FLOP/s (NVIDIA H200 SXM datasheet)
 
 
 # -- measurement ------------------------------------------------------------------------------------------
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of `pid` and all its descendants (Spark's JVM and Python workers included)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry.name))
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        todo += parents.get(p, [])
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
-
-
 @dataclass
 class Timed:
     seconds: float
@@ -75,11 +55,11 @@ class Timed:
 
 def timed(fn: Callable[[], object], sync: Callable[[], None] = lambda: None) -> Timed:
     """Wall time of fn() and the peak RSS of this process tree, sampled every 0.2 s meanwhile."""
-    peak, stop = [_tree_rss(os.getpid())], threading.Event()
+    peak, stop = [tree_rss(os.getpid())], threading.Event()
 
     def sample() -> None:
         while not stop.wait(0.2):
-            peak.append(_tree_rss(os.getpid()))
+            peak.append(tree_rss(os.getpid()))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -254,6 +234,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--max-batch-tokens", type=int, default=2048, help="LM batch budget (runtime.max_batch_tokens)")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--skip-official", action="store_true", help="no (b): it takes the longest")
+    parser.add_argument("--cluster", type=int, nargs="*", default=[],
+                        help="also run (a) at the first size on a standalone cluster of N one-core workers, per N")
     parser.add_argument("--dry-run", action="store_true", help="tiny models, 6 chains, no RESULTS.md")
     parser.add_argument("--model-dir", default=str(ROOT / "models" / "bench"))
     parser.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"))
@@ -299,16 +281,24 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     ref = {"nli": f"{{path: {models.nli}, family: nli}}", "t5": f"{{path: {models.t5}, family: seq2seq}}",
            "gpt2": f"{{path: {models.gpt2}, family: causal}}"}
-    settings = load_settings(overrides=[
-        f"spark.master={args.master}", "spark.shuffle_partitions=2", f"models.nli={ref['nli']}",
-        f"models.pvi_g={ref['t5']}", f"models.pvi_null={ref['t5']}", f"models.info_gain={ref['gpt2']}",
-        f"runtime.device={args.device}", f"runtime.dtype={args.dtype}", f"runtime.batch_size={args.batch_size}",
-        f"runtime.max_length={args.max_length}", "runtime.on_row_error=fail", f"runtime.max_batch_tokens={budget}",
-    ], environ={})
-    spark = build_session(settings.spark, extra={"spark.driver.memory": "2g", "spark.sql.adaptive.enabled": "false"})
-    scaling: list[tuple[int, Timed]] = []
-    try:
+
+    def session(master: str):
+        settings = load_settings(overrides=[
+            f"spark.master={master}", "spark.shuffle_partitions=2", f"models.nli={ref['nli']}",
+            f"models.pvi_g={ref['t5']}", f"models.pvi_null={ref['t5']}", f"models.info_gain={ref['gpt2']}",
+            f"runtime.device={args.device}", f"runtime.dtype={args.dtype}", f"runtime.batch_size={args.batch_size}",
+            f"runtime.max_length={args.max_length}", "runtime.on_row_error=fail", f"runtime.max_batch_tokens={budget}",
+        ], environ={})
+        # Executors of a standalone cluster import the project from this checkout.
+        extra = {"spark.driver.memory": "2g", "spark.sql.adaptive.enabled": "false",
+                 "spark.executorEnv.PYTHONPATH": str(ROOT), "spark.executorEnv.RECEVAL_PROJECT_ROOT": str(ROOT)}
+        spark = build_session(settings.spark, extra=extra)
         pipeline(spark, settings, workload.chains(4, seed=99))  # warm-up: workers start, models load once
+        return spark, settings
+
+    scaling: list[tuple[int, Timed]] = []
+    spark, settings = session(args.master)
+    try:
         for n in sizes:
             chains = first if n == sizes[0] else workload.chains(n)
             t = timed(lambda chains=chains: pipeline(spark, settings, chains))
@@ -316,6 +306,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             print(f"[bench] (a) pipeline, {n} chains: {t.seconds:.1f}s")
     finally:
         spark.stop()
+    on_cluster: list[tuple[int, Timed]] = []
+    for workers in args.cluster:
+        with StandaloneCluster(Path(tempfile.mkdtemp(prefix="bench_cluster_")), workers=workers, memory="2g") as cl:
+            spark, settings = session(cl.master_url)
+            try:
+                t = timed(lambda spark=spark, settings=settings: pipeline(spark, settings, first))
+            finally:
+                spark.stop()
+        on_cluster.append((workers, t))
+        print(f"[bench] (a) pipeline on {workers} standalone worker(s), {len(first)} chains: {t.seconds:.1f}s")
 
     t_pipe = scaling[0][1]
     res = {
@@ -371,6 +371,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if len(scaling) > 1:
         lines += ["Scaling of (a):", "", "| chains | seconds | chains/s | time per chain vs first size |",
                   "|---:|---:|---:|---:|", *scale_rows, ""]
+    if on_cluster:
+        base = on_cluster[0][1].seconds
+        lines += [f"(a) on a standalone cluster (127.0.0.1, one-core workers, in-process driver), {len(first)} chains:",
+                  "", "| workers | seconds | chains/s | speed-up vs first row |", "|---:|---:|---:|---:|",
+                  *[f"| {w} | {t.seconds:.1f} | {len(first) / t.seconds:.2f} | {base / t.seconds:.2f}x |"
+                    for w, t in on_cluster], ""]
     text = "\n".join(lines)
     print(text)
     if not (args.no_append or args.dry_run):
