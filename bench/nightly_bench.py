@@ -110,8 +110,8 @@ def record(results: list[dict], args: argparse.Namespace) -> str:
         + ("Model stages are the deterministic Spark-only fakes of the tests: the figure is the pipeline's own "
            "cost (ingest, bookkeeping, MERGEs, aggregation, curation)." if args.stages == "fake" else
            "Real stages: spaCy steps, tiny NLI / T5 / GPT-2 models (offline profile).")
-        + " The machine was shared with other jobs during the run (load average well above 2), so absolute "
-          "times are pessimistic; ratios within one size are measured back to back.\n",
+        + f" Load average (1/5/15 min) at the end: {'/'.join(f'{x:.1f}' for x in os.getloadavg())} (2 cores: "
+          "above 2 means other jobs shared them); ratios within one size are measured back to back.\n",
         "| chains in lake | night | new chains | wall s | s per new chain | vs first night | stages (s) |",
         "|---:|---|---:|---:|---:|---:|---|",
     ]
