@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import platform
 import subprocess
 import sys
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--max-batch-tokens", type=int, default=2048, help="runtime.max_batch_tokens (0: none)")
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--families", default="seq2seq,causal")
@@ -84,13 +86,14 @@ def main(argv: list[str] | None = None) -> None:
         "## CoT evaluation: Direct option scoring on BBH (bench/cot_bench.py)",
         "",
         f"- Date: {dt.date.today().isoformat()}; machine: {_cpu()}, {args.threads} torch threads "
-        f"(2 cores, shared with other jobs); device {args.device}.",
+        f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start); device {args.device}.",
         f"- Inputs: {len(rows)} examples from {n_tasks} BBH classification tasks "
         f"({'all' if not args.limit else f'first {args.limit} per task'}), Direct prompt `source + \"\\n[ANSWER] \"`, "
         f"options as letters / label sets; max_length {args.max_length}.",
         f"- Models: random T5 / GPT-2 from jobs.tiny_models, d_model {args.d_model}, {args.layers} layers "
         "(timing-sized; accuracy is meaningless).",
-        f"- Shared: `udfs.options.score_options` (prompt encoded once per example, batch {args.batch_size}); "
+        f"- Shared: `udfs.options.score_options` (prompt encoded once per example, batch {args.batch_size}, "
+        f"at most {args.max_batch_tokens or 'no'} padded positions per batch); "
         "loop: `udfs.loglik.score` once per (example, option), batch 1. One run, same process.",
         "- max |diff| = largest difference of option log-likelihoods between the two (untruncated examples); "
         "truncated = examples whose prompt was cut to max_length.",
@@ -112,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
 
         start = time.perf_counter()
         shared = score_options(
-            model, tok, fam, prompts, options, batch_size=args.batch_size, max_length=args.max_length, device=args.device
+            model, tok, fam, prompts, options, batch_size=args.batch_size, max_length=args.max_length,
+            device=args.device, max_tokens=args.max_batch_tokens or None,
         )
         t_shared = time.perf_counter() - start
 

@@ -64,7 +64,8 @@ def build_udfs(settings: Settings) -> CotUdfs:
 
     return CotUdfs(
         options=options_udf(
-            model_options_factory(**common, batch_size=batch, max_length=length, share_prompt=cfg.share_prompt),
+            model_options_factory(**common, batch_size=batch, max_length=length, share_prompt=cfg.share_prompt,
+                                  max_tokens=rt.max_batch_tokens),
             rt.on_row_error,
         ),
         direct_generate=gen(max_new_tokens=cfg.direct_max_new_tokens, min_new_tokens=0, stop_strings=cfg.direct_stop),

@@ -98,7 +98,9 @@ def _encode(
     return out
 
 
-def _causal(model: Any, tokenizer: Any, examples: list[_Example], batch_size: int, device: str) -> list[list[float]]:
+def _causal(
+    model: Any, tokenizer: Any, examples: list[_Example], batch_size: int, device: str, max_tokens: int | None = None
+) -> list[list[float]]:
     """Each example's context runs once (key/value cache on); every option continues from it."""
     encoded: list[Encoded] = []
     groups: list[PrefixGroup] = []
@@ -111,7 +113,9 @@ def _causal(model: Any, tokenizer: Any, examples: list[_Example], batch_size: in
             owner.append((x, k))
         if len(e.context) > 1 and rows:  # a one-token context has nothing to share
             groups.append(PrefixGroup(e.context[:-1], rows))
-    sums = logprob_sums(model, "causal", encoded, pad_id(tokenizer), batch_size, device, "left", groups=groups)
+    sums = logprob_sums(
+        model, "causal", encoded, pad_id(tokenizer), batch_size, device, "left", groups=groups, max_tokens=max_tokens
+    )
     out: list[list[float]] = [[0.0] * len(e.options) for e in examples]
     for i, (x, k) in enumerate(owner):
         out[x][k] = sums[i]
@@ -119,7 +123,9 @@ def _causal(model: Any, tokenizer: Any, examples: list[_Example], batch_size: in
 
 
 @torch.inference_mode()
-def _seq2seq(model: Any, tokenizer: Any, examples: list[_Example], batch_size: int, device: str) -> list[list[float]]:
+def _seq2seq(
+    model: Any, tokenizer: Any, examples: list[_Example], batch_size: int, device: str, max_tokens: int | None = None
+) -> list[list[float]]:
     from transformers.modeling_outputs import BaseModelOutput
 
     from udfs.loglik import _decoder_inputs
@@ -127,7 +133,7 @@ def _seq2seq(model: Any, tokenizer: Any, examples: list[_Example], batch_size: i
     pad = pad_id(tokenizer)
     sums: list[list[float]] = [[0.0] * len(e.options) for e in examples]
     encoder = model.get_encoder()
-    for group in length_batches([len(e.context) for e in examples], batch_size):
+    for group in length_batches([len(e.context) for e in examples], batch_size, max_tokens=max_tokens):
         width = max(len(examples[i].context) for i in group)
         ids = torch.full((len(group), width), pad, dtype=torch.long)
         mask = torch.zeros((len(group), width), dtype=torch.long)
@@ -171,8 +177,11 @@ def score_options(
     batch_size: int = 32,
     max_length: int = 512,
     device: str = "cpu",
+    max_tokens: int | None = None,
 ) -> list[list[OptionScore]]:
     """Log-likelihood of every option of every example, the prompt encoded once per example.
+
+    `max_tokens` caps each batch at rows x longest row positions (runtime.max_batch_tokens; see loglik).
 
     `prefixes` (CoT: rationale + "\\n[ANSWER] ") sit between prompt and option: appended to the context of a
     causal LM, the decoder's first tokens for a seq2seq model; they condition but are not scored.
@@ -185,7 +194,7 @@ def score_options(
     prefixes = list(prefixes) if prefixes is not None else [""] * len(prompts)
     examples = _encode(tokenizer, family, prompts, prefixes, options, max_length)
     run = _causal if family == "causal" else _seq2seq
-    sums = run(model, tokenizer, examples, batch_size, device)
+    sums = run(model, tokenizer, examples, batch_size, device, max_tokens)
     return [
         [
             OptionScore(sums[i][k] if e.options[k] else 0.0, len(e.options[k]), _n_bytes(options[i][k]), e.truncated)
@@ -205,6 +214,7 @@ def score_options_separately(
     batch_size: int = 32,
     max_length: int = 512,
     device: str = "cpu",
+    max_tokens: int | None = None,
 ) -> list[list[OptionScore]]:
     """Every (prompt + prefix, option) pair scored on its own by `udfs.loglik.score` (no sharing).
 
@@ -217,7 +227,7 @@ def score_options_separately(
     sources = [p + x for p, x, opts in zip(prompts, prefixes, options, strict=True) for _ in opts]
     targets = [o for opts in options for o in opts]
     side = "left" if family == "causal" else "right"
-    flat = loglik_score(model, tokenizer, family, sources, targets, batch_size, max_length, device, side)
+    flat = loglik_score(model, tokenizer, family, sources, targets, batch_size, max_length, device, side, max_tokens=max_tokens)
     out, cursor = [], 0
     for opts in options:
         part = flat[cursor : cursor + len(opts)]
@@ -245,6 +255,7 @@ def model_options_factory(
     torch_threads: int | None = None,
     trust_remote_code: bool = False,
     share_prompt: bool = True,
+    max_tokens: int | None = None,
 ) -> Callable[[], OptionScoreFn]:
     """Picklable factory: on the executor, load the model once per worker and return an option scorer."""
 
@@ -255,7 +266,7 @@ def model_options_factory(
         fn = score_options if share_prompt else score_options_separately
 
         def scorer(prompts, options, prefixes):
-            return fn(model, tok, family, prompts, options, prefixes, batch_size, max_length, dev)
+            return fn(model, tok, family, prompts, options, prefixes, batch_size, max_length, dev, max_tokens)
 
         return scorer
 
