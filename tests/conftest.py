@@ -131,3 +131,13 @@ def mlflow_server(tmp_path_factory):
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """A `full` test (hours on 2 cores) runs only when asked for by name in -m, never by a plain `pytest`."""
+    if "full" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="full-dataset run: select it with -m full")
+    for item in items:
+        if "full" in item.keywords:
+            item.add_marker(skip)
