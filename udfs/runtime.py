@@ -147,18 +147,16 @@ def length_batches(
     """
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i]) if sort else list(range(len(lengths)))
     batches: list[list[int]] = []
-    width = 0
+    width = 0  # longest row of the last batch
     for i in order:
         wider = max(width, lengths[i])
-        if batches and batches[-1] and (
-            len(batches[-1]) == batch_size or (max_tokens is not None and wider * (len(batches[-1]) + 1) > max_tokens)
-        ):
-            batches.append([])
-            wider = lengths[i]
-        if not batches:
-            batches.append([])
-        batches[-1].append(i)
-        width = wider
+        over = max_tokens is not None and batches and wider * (len(batches[-1]) + 1) > max_tokens
+        if not batches or len(batches[-1]) == batch_size or over:
+            batches.append([i])
+            width = lengths[i]
+        else:
+            batches[-1].append(i)
+            width = wider
     return batches
 
 
