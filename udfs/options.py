@@ -122,6 +122,39 @@ def _causal(
     return out
 
 
+def _cross_keys(model: Any, hidden: torch.Tensor, mask: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Every decoder layer's cross-attention keys and values over `hidden`, or None where the model keeps none.
+
+    One decoder step fills them (the cache a generation step keeps); the option rows then read them instead of
+    projecting the whole prompt again per option, which costs about as much as the encoder itself on BBH.
+    """
+    from transformers import EncoderDecoderCache
+    from transformers.modeling_outputs import BaseModelOutput
+
+    start = torch.full((hidden.shape[0], 1), _decoder_start(model), dtype=torch.long, device=hidden.device)
+    out = model(
+        encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=mask, decoder_input_ids=start,
+        use_cache=True,
+    )
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    if not isinstance(cache, EncoderDecoderCache) or not all(cache.is_updated.values()):
+        return None
+    return [(layer.keys, layer.values) for layer in cache.cross_attention_cache.layers]
+
+
+def _decoder_start(model: Any) -> int:
+    start = model.config.decoder_start_token_id
+    return int(start if start is not None else model.config.pad_token_id)
+
+
+def _rows_cache(model: Any, cross: list[tuple[torch.Tensor, torch.Tensor]], index: torch.Tensor) -> Any:
+    """A fresh cache for option rows `index`: empty self-attention, their prompts' cross-attention keys/values."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    data = [(k.index_select(0, index), v.index_select(0, index)) for k, v in cross]
+    return EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(ddp_cache_data=data, config=model.config))
+
+
 @torch.inference_mode()
 def _seq2seq(
     model: Any, tokenizer: Any, examples: list[_Example], batch_size: int, device: str, max_tokens: int | None = None
@@ -144,6 +177,7 @@ def _seq2seq(
         ids, mask = ids.to(device), mask.to(device)
         hidden = encoder(input_ids=ids, attention_mask=mask).last_hidden_state  # once per prompt
         rows = [(b, k) for b, i in enumerate(group) for k, t in enumerate(examples[i].options) if t]
+        cross = _cross_keys(model, hidden, mask) if rows else None  # once per prompt too
         for start in range(0, len(rows), batch_size):
             chunk = rows[start : start + batch_size]
             seqs = [(examples[group[b]].prefix, examples[group[b]].options[k]) for b, k in chunk]
@@ -155,11 +189,12 @@ def _seq2seq(
                 scored[r, len(p) : len(p) + len(t)] = True  # the prefix conditions, only the option counts
             index = torch.tensor([b for b, _ in chunk], device=device)
             labels = labels.to(device)
+            cache = {"cache": _rows_cache(model, cross, index), "use_cache": True} if cross else {"use_cache": False}
             out = model(
                 encoder_outputs=BaseModelOutput(last_hidden_state=hidden.index_select(0, index)),
                 attention_mask=mask.index_select(0, index),
                 decoder_input_ids=_decoder_inputs(model, labels),
-                use_cache=False,
+                **cache,
             )
             logp = token_logprobs(out.logits, labels, scored.to(device)).sum(-1).double().cpu().tolist()
             for (b, k), total in zip(chunk, logp, strict=True):

@@ -165,6 +165,25 @@ def test_score_options_encodes_each_prompt_once(models, family):
     assert counter.rows == sum(len(o) for o in OPTIONS)  # without sharing: once per option
 
 
+def test_seq2seq_projects_cross_attention_once_per_prompt(models, monkeypatch):
+    """The prompt's cross-attention keys are projected once per example, not once per option row; the scores
+    equal those of rows that project them again."""
+    model, tok = models["seq2seq"]
+    projected: list[int] = []
+    keys = model.get_decoder().block[0].layer[1].EncDecAttention.k
+    handle = keys.register_forward_hook(lambda module, args, out: projected.append(args[0].shape[0]))
+    try:
+        shared = O.score_options(model, tok, "seq2seq", PROMPTS, OPTIONS, PREFIXES, batch_size=2)
+    finally:
+        handle.remove()
+    assert sum(projected) == len(PROMPTS)  # 5 prompts; 14 option rows read the cache
+
+    monkeypatch.setattr(O, "_cross_keys", lambda *args: None)
+    again = O.score_options(model, tok, "seq2seq", PROMPTS, OPTIONS, PREFIXES, batch_size=2)
+    for a, b in zip(shared, again, strict=True):
+        assert [s.sum_logprob for s in a] == pytest.approx([s.sum_logprob for s in b], abs=1e-5)
+
+
 def test_score_options_truncates_shared_prompt_from_left(models):
     model, tok = models["causal"]
     long_prompt = "Natalia sold clips to her friends. " * 40
