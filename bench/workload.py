@@ -136,4 +136,10 @@ def frames(spark, items: list[Chain], config_hash: str = "bench"):
         for i, (text, prem, concl) in enumerate(zip(c.step_texts, c.premises, c.conclusions, strict=True))
     ]
     ctx_rows = [(c.chain_id, config_hash, c.context, c.answer, "given") for c in items]
-    return spark.createDataFrame(step_rows, S.SCHEMA), spark.createDataFrame(ctx_rows, S.CONTEXTS_SCHEMA)
+
+    # Through an RDD in slices, not a local relation: 100k chains would put ~100 MB into the query plan.
+    def frame(rows, schema):
+        slices = max(spark.sparkContext.defaultParallelism, len(rows) // 20_000)
+        return spark.createDataFrame(spark.sparkContext.parallelize(rows, slices), schema)
+
+    return frame(step_rows, S.SCHEMA), frame(ctx_rows, S.CONTEXTS_SCHEMA)
