@@ -6,7 +6,7 @@ PYTHON := $(BIN)/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-slow test-manual test-all lint bench clean
+.PHONY: setup run test test-slow test-manual test-full test-all lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -35,10 +35,14 @@ test-slow: setup
 test-manual: setup
 	$(PYTHON) -m pytest -m "manual and not gpu" $(PYTEST_ARGS)
 
+# The CoT evaluation over every BBH, MGSM and P3 example, both modes, tiny T5 (~14 min on 2 cores).
+test-full: setup
+	$(PYTHON) -m pytest -m full -s $(PYTEST_ARGS)
+
 test-all: test test-slow
 
 lint: setup
-	$(BIN)/ruff check jobs udfs schemas tests bench
+	$(BIN)/ruff check jobs udfs schemas tests bench scripts
 
 bench: setup
 	$(PYTHON) bench/run.py $(ARGS)

@@ -134,7 +134,7 @@ def mlflow_server(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """A `full` test (hours on 2 cores) runs only when asked for by name in -m, never by a plain `pytest`."""
+    """A `full` test (a whole-dataset run) runs only when asked for by name in -m, never by a plain `pytest`."""
     if "full" in (config.option.markexpr or ""):
         return
     skip = pytest.mark.skip(reason="full-dataset run: select it with -m full")

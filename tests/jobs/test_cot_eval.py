@@ -239,5 +239,6 @@ def test_cot_eval_full_run(spark, tiny_models, make_settings):
     )  # fmt: skip
     started = time.time()
     result = cot_eval.run(spark, settings, "full")
-    print(f"full CoT evaluation run: {time.time() - started:.0f} s, {result['examples']} examples per mode")
+    print(f"full CoT evaluation run: {time.time() - started:.0f} s, {result['examples']} examples per mode "
+          f"(Direct {result['direct_seconds']:.0f} s, CoT {result['cot_seconds']:.0f} s)")
     assert result["direct_reconciled"] == result["cot_reconciled"] == 1
