@@ -194,12 +194,17 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tenso
     return logp * mask.to(logp.dtype)
 
 
+def decoder_start_id(model: Any) -> int:
+    """The token an encoder-decoder's decoder starts from (T5: the pad token)."""
+    start, pad = model.config.decoder_start_token_id, model.config.pad_token_id
+    return int(start if start is not None else pad if pad is not None else 0)
+
+
 def _decoder_inputs(model: Any, labels: torch.Tensor) -> torch.Tensor:
-    start = model.config.decoder_start_token_id
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     shifted = labels.new_full(labels.shape, pad)
     shifted[:, 1:] = labels[:, :-1]
-    shifted[:, 0] = start if start is not None else pad
+    shifted[:, 0] = decoder_start_id(model)
     return shifted.masked_fill(shifted == IGNORE, pad)
 
 

@@ -23,7 +23,16 @@ from typing import Any, Tuple  # noqa: UP035 (pandas_udf type hints need typing.
 import pandas as pd
 import torch
 
-from udfs.loglik import IGNORE, Encoded, PrefixGroup, _start_id, logprob_sums, pad_id, token_logprobs
+from udfs.loglik import (
+    IGNORE,
+    Encoded,
+    PrefixGroup,
+    _start_id,
+    decoder_start_id,
+    logprob_sums,
+    pad_id,
+    token_logprobs,
+)
 from udfs.loglik import score as loglik_score
 from udfs.runtime import length_batches
 
@@ -131,7 +140,7 @@ def _cross_keys(model: Any, hidden: torch.Tensor, mask: torch.Tensor) -> list[tu
     from transformers import EncoderDecoderCache
     from transformers.modeling_outputs import BaseModelOutput
 
-    start = torch.full((hidden.shape[0], 1), _decoder_start(model), dtype=torch.long, device=hidden.device)
+    start = torch.full((hidden.shape[0], 1), decoder_start_id(model), dtype=torch.long, device=hidden.device)
     out = model(
         encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=mask, decoder_input_ids=start,
         use_cache=True,
@@ -140,11 +149,6 @@ def _cross_keys(model: Any, hidden: torch.Tensor, mask: torch.Tensor) -> list[tu
     if not isinstance(cache, EncoderDecoderCache) or not all(cache.is_updated.values()):
         return None
     return [(layer.keys, layer.values) for layer in cache.cross_attention_cache.layers]
-
-
-def _decoder_start(model: Any) -> int:
-    start = model.config.decoder_start_token_id
-    return int(start if start is not None else model.config.pad_token_id)
 
 
 def _rows_cache(model: Any, cross: list[tuple[torch.Tensor, torch.Tensor]], index: torch.Tensor) -> Any:
