@@ -1,8 +1,9 @@
 """Option scoring with a shared prompt: (prompt, prefix, options) -> log-likelihood of every option (plain torch).
 
 Every option of an example continues the same prompt, so the prompt is encoded once per example and reused:
-- encoder-decoder: the encoder runs once per prompt; each option row reuses its encoder output, the decoder
-  reads `prefix + option` and only the option tokens are scored;
+- encoder-decoder: the encoder runs once per prompt, and so does the projection of its output to every decoder
+  layer's cross-attention keys/values; each option row reads them, the decoder reads `prefix + option` and
+  only the option tokens are scored;
 - decoder-only: `prompt + prefix` runs once with the key/value cache on; each option row continues from a
   copy of its example's cache (`udfs.loglik.logprob_sums` with one prefix group per example, the same code
   that shares a chain's L(k) prefix).
