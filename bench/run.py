@@ -143,7 +143,9 @@ def needed(chains: list[workload.Chain]) -> tuple[list[tuple[str, str]], dict[st
     return pairs, {role: sorted(v) for role, v in passes.items()}
 
 
-def raw(models: Models, pairs, passes, batch_size: int, max_length: int, device: str, max_tokens: int | None) -> None:
+def raw(models: Models, pairs, passes, batch_size: int, max_length: int, device: str, max_tokens: int | None,
+        stats: dict | None = None) -> None:
+    """(c); `stats`, when given, collects each LM role's `loglik.Stats` (forwards and positions actually run)."""
     from udfs import loglik, nli
 
     nli_model, nli_tok = models.loaded["nli"]
@@ -154,7 +156,7 @@ def raw(models: Models, pairs, passes, batch_size: int, max_length: int, device:
         model, tok = models.loaded[family]
         loglik.score(model, tok, family, [s for s, _ in items], [t for _, t in items], batch_size, max_length,
                      device, "left" if family == "causal" else "right", share_prefix=family == "causal",
-                     max_tokens=max_tokens)
+                     max_tokens=max_tokens, stats=stats.setdefault(role, loglik.Stats()) if stats is not None else None)
 
 
 def pipeline(spark, settings, chains: list[workload.Chain]) -> int:
@@ -180,11 +182,10 @@ def _params(module) -> int:
                and "wpe" not in n and "shared" not in n)
 
 
-def work(models: Models, pairs, passes, max_length: int) -> dict[str, float]:
+def work(models: Models, pairs, passes, max_length: int, run: dict) -> dict[str, float]:
     """Tokens each model processes in (c) and the forward FLOPs: 2 x non-embedding parameters x tokens
-    (the LM head and attention scores are left out: a lower bound on the arithmetic done)."""
-    from udfs import loglik
-
+    (the LM head and attention scores are left out: a lower bound on the arithmetic done). `run`: the
+    per-role `loglik.Stats` of the (c) run, whose causal positions count a shared prefix once."""
     nli_model, nli_tok = models.loaded["nli"]
     # Counted untruncated, then capped: a hypothesis longer than max_length alone (tiny tokenizers) is no error.
     nli_tokens = sum(min(max_length, len(ids)) for ids in nli_tok([p for p, _ in pairs], [h for _, h in pairs])["input_ids"])
@@ -199,10 +200,8 @@ def work(models: Models, pairs, passes, max_length: int) -> dict[str, float]:
             lm_tokens += sum(src) + sum(tgt)
             flops += 2.0 * (_params(model.encoder) * sum(src) + _params(model.decoder) * sum(tgt))
         else:  # the positions actually run: a shared prefix counts once
-            run = loglik.shared_positions(loglik.encode_pairs(tok, "causal", [s for s, _ in items],
-                                                              [t for _, t in items], max_length))
-            lm_tokens += run
-            flops += 2.0 * _params(model) * run
+            lm_tokens += run[role].positions
+            flops += 2.0 * _params(model) * run[role].positions
     return {"nli_tokens": nli_tokens, "lm_tokens": lm_tokens, "target_tokens": target_tokens, "flops": flops}
 
 
@@ -265,10 +264,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # (c) and (b) in this process, with all cores, before Spark starts.
     runtime.set_threads(os.cpu_count())
     models.load(device, args.dtype)
-    counts = work(models, pairs, passes, args.max_length)
     budget = args.max_batch_tokens
     raw(models, pairs[:32], {r: v[:32] for r, v in passes.items()}, args.batch_size, args.max_length, device, budget)
-    t_raw = timed(lambda: raw(models, pairs, passes, args.batch_size, args.max_length, device, budget), sync)
+    run_stats: dict = {}
+    t_raw = timed(lambda: raw(models, pairs, passes, args.batch_size, args.max_length, device, budget, run_stats), sync)
+    counts = work(models, pairs, passes, args.max_length, run_stats)
     print(f"[bench] (c) raw batched: {t_raw.seconds:.1f}s")
     t_off = None
     if not args.skip_official:

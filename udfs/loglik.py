@@ -307,13 +307,6 @@ def share_prefixes(encoded: Sequence[Encoded], min_shared: int = 2) -> tuple[lis
     return groups, singles
 
 
-def shared_positions(encoded: Sequence[Encoded]) -> int:
-    """Token positions `score(..., share_prefix=True)` runs for these pairs (padding not counted)."""
-    groups, alone = share_prefixes(encoded)
-    rows = sum(encoded[i].length - visible - 1 for g in groups for i, visible in g.rows if encoded[i].target_ids)
-    return sum(len(g.context) for g in groups) + rows + sum(encoded[i].length for i in alone)
-
-
 @torch.inference_mode()
 def shared_prefix_logprobs(
     model: Any, encoded: Sequence[Encoded], groups: Sequence[PrefixGroup], pad: int, batch_size: int,

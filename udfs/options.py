@@ -32,6 +32,7 @@ from udfs.loglik import (
     decoder_start_id,
     logprob_sums,
     pad_id,
+    select_cache,
     token_logprobs,
 )
 from udfs.loglik import score as loglik_score
@@ -132,8 +133,9 @@ def _causal(
     return out
 
 
-def _cross_keys(model: Any, hidden: torch.Tensor, mask: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """Every decoder layer's cross-attention keys and values over `hidden`, or None where the model keeps none.
+def _cross_keys(model: Any, hidden: torch.Tensor, mask: torch.Tensor) -> Any:
+    """A cache of every decoder layer's cross-attention keys and values over `hidden`, or None where the model
+    keeps none.
 
     One decoder step fills them (the cache a generation step keeps); the option rows then read them instead of
     projecting the whole prompt again per option, which costs about as much as the encoder itself on BBH.
@@ -147,17 +149,16 @@ def _cross_keys(model: Any, hidden: torch.Tensor, mask: torch.Tensor) -> list[tu
         use_cache=True,
     )
     cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-    if not isinstance(cache, EncoderDecoderCache) or not all(cache.is_updated.values()):
+    if not isinstance(cache, EncoderDecoderCache) or not cache.is_updated or not all(cache.is_updated.values()):
         return None
-    return [(layer.keys, layer.values) for layer in cache.cross_attention_cache.layers]
+    return cache.cross_attention_cache
 
 
-def _rows_cache(model: Any, cross: list[tuple[torch.Tensor, torch.Tensor]], index: torch.Tensor) -> Any:
+def _rows_cache(model: Any, cross: Any, index: torch.Tensor) -> Any:
     """A fresh cache for option rows `index`: empty self-attention, their prompts' cross-attention keys/values."""
     from transformers import DynamicCache, EncoderDecoderCache
 
-    data = [(k.index_select(0, index), v.index_select(0, index)) for k, v in cross]
-    return EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(ddp_cache_data=data, config=model.config))
+    return EncoderDecoderCache(DynamicCache(config=model.config), select_cache(cross, index, model.config))
 
 
 @torch.inference_mode()
@@ -194,12 +195,12 @@ def _seq2seq(
                 scored[r, len(p) : len(p) + len(t)] = True  # the prefix conditions, only the option counts
             index = torch.tensor([b for b, _ in chunk], device=device)
             labels = labels.to(device)
-            cache = {"cache": _rows_cache(model, cross, index), "use_cache": True} if cross else {"use_cache": False}
+            reuse = {"cache": _rows_cache(model, cross, index), "use_cache": True} if cross is not None else {"use_cache": False}
             out = model(
                 encoder_outputs=BaseModelOutput(last_hidden_state=hidden.index_select(0, index)),
                 attention_mask=mask.index_select(0, index),
                 decoder_input_ids=_decoder_inputs(model, labels),
-                **cache,
+                **reuse,
             )
             logp = token_logprobs(out.logits, labels, scored.to(device)).sum(-1).double().cpu().tolist()
             for (b, k), total in zip(chunk, logp, strict=True):
