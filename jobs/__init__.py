@@ -1,1 +1,2 @@
-"""Spark jobs: one module per stage, each a pure transform plus a thin main."""
+"""Spark jobs, by concern: `receval` (scoring stages and the nightly pipeline), `metaeval` (error labels and
+Somers' D), `cot` (CoT Collection evaluation) and `infra` (config, Spark session, Delta tables, MLflow, setup)."""

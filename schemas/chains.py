@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
 from pyspark.sql.types import (
     ArrayType,
     DoubleType,
@@ -12,7 +17,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-CHAIN_ID = "chain_id"  # given by the input, else sha256 of the content (see jobs.ingest.content_hash)
+CHAIN_ID = "chain_id"  # given by the input, else sha256 of the content (see content_hash below)
 DATASET = "dataset"
 QUESTION_ID = "question_id"  # groups the k sampled chains of one question (chain selection)
 CONTEXT = "context"  # the input context X
@@ -47,3 +52,9 @@ SCHEMA = StructType(
         StructField(INGESTED_AT, TimestampType(), True),
     ]
 )
+
+
+def content_hash(record: Mapping[str, Any]) -> str:
+    """sha256 over what defines a chain; the id of chains that come without one (part of the contract)."""
+    keyed = {k: record.get(k) for k in (CONTEXT, QUESTION, STEPS, CHAIN_TEXT, ANSWER)}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True, ensure_ascii=False).encode()).hexdigest()

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from schemas import chains
+
 HYPOTHESIS = "hypothesis"
 
 
@@ -137,9 +139,7 @@ def to_chain(
         "labels": None,
         "metadata": _metadata(row, metadata),
     }
-    from jobs.ingest import content_hash  # the one definition of a chain's content hash
-
-    record["content_hash"] = content_hash(record)
+    record["content_hash"] = chains.content_hash(record)
     return record
 
 

@@ -1,7 +1,7 @@
 """Step text -> Reasoning Content Units (RCUs): frame extraction, the official selection rules, roles.
 
 Plain Python over spaCy docs (and, optionally, a token-classification SRL model); no Spark, no tables.
-RECEVAL.md "Reasoning Content Units" is the specification; the pieces:
+docs/design/RECEVAL.md "Reasoning Content Units" is the specification; the pieces:
 
 - frames: `spacy_frames` (default: verb frames from the dependency parse) or `srl_frames` (any BIO-tagging
   token-classification model given by path: one pass per predicate, `B-V` marks the predicate);
@@ -22,7 +22,7 @@ from typing import Any
 _STRIP = string.punctuation + " "  # what the official code strips from phrases and left-overs
 CONCLUSION_MARKERS = ("so", "therefore", "thus", "hence")
 PREMISE_MARKERS = ("because", "since", "as", "given that")
-# Connectives introduce a clause; SRL would tag them ARGM-DIS, RECEVAL.md keeps them out of the frame text.
+# Connectives introduce a clause; SRL would tag them ARGM-DIS, docs/design/RECEVAL.md keeps them out of the frame text.
 CONNECTIVES = frozenset({"so", "therefore", "thus", "hence", "because", "since"})
 # Dependents that are frames of their own (as SRL would give them), kept out of the parent's span.
 CLAUSAL_DEPS = frozenset({"advcl", "ccomp", "parataxis", "conj", "dep"})
@@ -202,7 +202,7 @@ def _clean_phrase(text: str) -> str:
 
 
 def select_rcus(sentence: str, frames: Iterable[Frame], has_verb: Callable[[int, int], bool]) -> list[Rcu]:
-    """Rules 1-6 of RECEVAL.md on one sentence's frames; RCU offsets are relative to `sentence`."""
+    """Rules 1-6 of docs/design/RECEVAL.md on one sentence's frames; RCU offsets are relative to `sentence`."""
     lead = len(sentence) - len(sentence.lstrip())
     mod_sent = sentence.strip().rstrip(".")
     phrases: list[tuple[str, int]] = []

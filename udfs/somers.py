@@ -1,6 +1,6 @@
 """Somers' D of a score against a label (label first), 2*AUC-1 for binary labels, and bootstrap CIs (numpy/scipy).
 
-Convention (RECEVAL.md "Meta-evaluation"): labels are 1 = clean, 0 = error (or an ordinal rating, higher is
+Convention (docs/design/RECEVAL.md "Meta-evaluation"): labels are 1 = clean, 0 = error (or an ordinal rating, higher is
 better) and every score is higher-is-better, so D > 0 means the metric ranks clean chains higher.
 """
 

@@ -20,7 +20,7 @@ import yaml
 from jinja2 import StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 
-from jobs.config import CotSettings, resolve_path
+from jobs.infra.config import CotSettings, resolve_path
 from schemas import cot as S
 from udfs.cot_text import parse_options
 

@@ -1,16 +1,17 @@
 """CoT Collection evaluation: evaluation files (BBH, MGSM, P3, custom JSONL) -> `cot_predictions`, `cot_metrics`.
 
-Direct and CoT modes, as in Kim et al. 2023 (shared/design/COT_EVAL.md):
+Direct and CoT modes, as in Kim et al. 2023 (docs/design/COT_EVAL.md):
 - Direct: classification scores every option after `source + "\\n[ANSWER] "` (examples exploded to one row
   per option, log-likelihood, argmax per example); generation compares the greedy output with the gold (EM).
 - CoT: a rationale of >= min_new_tokens after `source + "\\n\\nLet's think step by step.\\n"`; classification
   scores the options after `rationale + "\\n[ANSWER] "`; generation takes the answer after the last indicator.
 
-    python -m jobs.cot_eval --set cot.datasets=[bbh] --set cot.max_examples_per_task=5
+    python -m jobs.cot.evaluate --set cot.datasets=[bbh] --set cot.max_examples_per_task=5
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,12 +23,15 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
-from jobs import tables
-from jobs.config import CotSettings, Settings
-from jobs.cot_data import Reject, load_examples
-from jobs.tracking import job
+from jobs.cot.data import Reject, load_examples
+from jobs.infra import tables
+from jobs.infra.config import CotSettings, Settings
+from jobs.infra.progress import Progress, counted
+from jobs.infra.tracking import job
 from schemas import cot as S
 from udfs import cot_text
+
+log = logging.getLogger(__name__)
 
 STAGE = "cot_eval"
 KEY = "_key"
@@ -174,12 +178,15 @@ def score_classification(df: DataFrame, options_udf: Callable[..., Column], scor
 
 
 def transform(
-    examples: DataFrame, mode: str, cfg: CotSettings, model: str, udfs: CotUdfs, partitions: int
+    examples: DataFrame, mode: str, cfg: CotSettings, model: str, udfs: CotUdfs, partitions: int,
+    hold: tables.Held | None = None,
 ) -> tuple[DataFrame, DataFrame]:
     """Examples (EXAMPLE_SCHEMA) -> (predictions in PREDICTIONS_SCHEMA, failed rows with `_error`, `_stage`).
 
-    Pure: no reads or writes. Model outputs are persisted so no UDF runs twice for a row.
+    Pure: no reads or writes. With `hold`, model outputs are persisted (released by the holder) so no UDF
+    runs twice for a row.
     """
+    keep = hold if hold is not None else (lambda df: df)
     suffix = cfg.direct_suffix if mode == "direct" else cfg.cot_trigger
     base = examples.withColumn(KEY, _key()).withColumn(S.PROMPT, F.concat(F.col(S.SOURCE), F.lit(suffix)))
     cls = base.where(F.col(S.OPTIONS).isNotNull() & (F.size(S.OPTIONS) > 0))
@@ -190,7 +197,7 @@ def transform(
         cls_in = cls.withColumn("prefix", F.lit("")).withColumn(S.RATIONALE, F.lit(None).cast("string"))
         cls_in = cls_in.withColumn("_gen_error", F.lit(None).cast("string")).withColumn("_gen_truncated", F.lit(False))
     else:
-        drafted = cls.repartition(partitions, KEY).withColumn("g", udfs.rationale(S.PROMPT)).persist()
+        drafted = keep(cls.repartition(partitions, KEY).withColumn("g", udfs.rationale(S.PROMPT)))
         cls_in = (
             drafted.withColumn(S.RATIONALE, _rationale_of(cfg.indicators)(F.col("g.text")))
             .withColumn("prefix", F.concat(F.coalesce(F.col(S.RATIONALE), F.lit("")), F.lit(cfg.answer_join)))
@@ -199,7 +206,7 @@ def transform(
             .drop("g")
         )
     ok_cls = cls_in.where(F.col("_gen_error").isNull())
-    scored = score_classification(ok_cls, udfs.options, cfg.score, partitions).persist()
+    scored = keep(score_classification(ok_cls, udfs.options, cfg.score, partitions))
     cls_out = ok_cls.join(scored, KEY)
     judge_cls = _judge(False)
     cls_pred = (
@@ -226,7 +233,7 @@ def transform(
 
     # Generation: Direct compares the whole output; CoT takes the text after the last indicator.
     gen_udf = udfs.direct_generate if mode == "direct" else udfs.cot_generate
-    generated = gen.repartition(partitions, KEY).withColumn("g", gen_udf(S.PROMPT)).persist()
+    generated = keep(gen.repartition(partitions, KEY).withColumn("g", gen_udf(S.PROMPT)))
     if mode == "direct":
         answer = F.trim(F.col("g.text"))
         rationale = F.lit(None).cast("string")
@@ -395,32 +402,35 @@ def run(
     examples = examples_frame(spark, rows).persist()
     model = settings.models.cot.path
     collected = []
-    for mode in cfg.modes:
-        started = time.time()
-        pred, failed = transform(examples, mode, cfg, model, udfs, partitions)
-        pred = pred.persist()
-        failed = failed.persist()
-        n_pred, n_failed = pred.count(), failed.count()
-        counts[f"{mode}_predictions"] = n_pred
-        counts[f"{mode}_quarantined"] = n_failed
-        counts[f"{mode}_truncated"] = pred.where(F.col(S.TRUNCATED)).count()
-        counts[f"{mode}_seconds"] = round(time.time() - started, 2)
-        counts[f"{mode}_reconciled"] = int(n_pred + n_failed == len(rows))
-        _upsert_null_safe(spark, pred, settings.table("cot_predictions"), S.PREDICTIONS_SCHEMA, PRED_KEYS)
-        if n_failed:
-            tables.append_quarantine(
-                spark,
-                settings,
-                tables.quarantine_rows(
-                    failed, STAGE, F.col("_reason"), F.col("_error"), chain_id=_key(), source=F.col(S.MODE), run_id=run_id
-                ),
-            )
-        collected.append(
-            pred.select(S.DATASET, S.TASK, S.TEMPLATE, S.MODE, S.MODEL, S.CORRECT, S.NUMERIC_CORRECT,
-                        S.CORRECT_PER_TOKEN, S.CORRECT_PER_BYTE).toPandas()  # fmt: skip
-        )
-        pred.unpersist()
-        failed.unpersist()
+    progress = Progress("cot_eval", len(rows) * len(cfg.modes), "examples", settings.log.progress_seconds, spark)
+    with progress:
+        for mode in cfg.modes:
+            with tables.Held() as hold:
+                started = time.time()
+                pred, failed = transform(examples, mode, cfg, model, udfs, partitions, hold)
+                progress.expect(len(rows))
+                pred = hold(counted(pred))  # finished partitions move the progress
+                failed = hold(failed)
+                n_pred, n_failed = pred.count(), failed.count()
+                counts[f"{mode}_predictions"] = n_pred
+                counts[f"{mode}_quarantined"] = n_failed
+                counts[f"{mode}_truncated"] = pred.where(F.col(S.TRUNCATED)).count()
+                counts[f"{mode}_seconds"] = round(time.time() - started, 2)
+                counts[f"{mode}_reconciled"] = int(n_pred + n_failed == len(rows))
+                _upsert_null_safe(spark, pred, settings.table("cot_predictions"), S.PREDICTIONS_SCHEMA, PRED_KEYS)
+                if n_failed:
+                    tables.append_quarantine(
+                        spark,
+                        settings,
+                        tables.quarantine_rows(
+                            failed, STAGE, F.col("_reason"), F.col("_error"), chain_id=_key(), source=F.col(S.MODE), run_id=run_id
+                        ),
+                    )
+                collected.append(
+                    pred.select(S.DATASET, S.TASK, S.TEMPLATE, S.MODE, S.MODEL, S.CORRECT, S.NUMERIC_CORRECT,
+                                S.CORRECT_PER_TOKEN, S.CORRECT_PER_BYTE).toPandas()  # fmt: skip
+                )
+                progress.commit(len(rows))
     examples.unpersist()
     frame = pd.concat(collected, ignore_index=True) if collected else pd.DataFrame()
     metrics = compute_metrics(frame, cfg.bootstrap_resamples, cfg.confidence, cfg.seed) if not frame.empty else None
@@ -444,7 +454,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             tracked.log_text("cot_metrics.csv", metrics.to_csv(index=False))
         tracked.set_tags({"model": settings.models.cot.path, "family": settings.models.cot.family})
         summary = {k: v for k, v in result.items() if not k.startswith("p3_template")}
-        print(f"[cot_eval] {summary} -> {settings.table('cot_predictions')}, {settings.table('cot_metrics')}")
+        log.info(f"[cot_eval] {summary} -> {settings.table('cot_predictions')}, {settings.table('cot_metrics')}")
         if not all(result.get(f"{m}_reconciled", 1) for m in settings.cot.modes):
             raise RuntimeError(f"cot_eval counts do not reconcile: {result}")
     return result

@@ -8,15 +8,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = PROJECT_ROOT / "conf"
+DATA_TOKEN = "${paths.data}"  # dataset paths in config start with it (see resolve_path)
 ENV_PREFIX = "RECEVAL__"  # RECEVAL__NLI__BATCH_SIZE=32 sets nli.batch_size
 
 
@@ -32,9 +34,11 @@ class SparkSettings(Section):
     master: str = "local[*]"
     app_name: str = "receval"
     shuffle_partitions: int = Field(8, ge=1)
-    # Jars cached by `python -m jobs.jars` so later sessions start without the network.
+    # Jars cached by `python -m jobs.infra.jars` so later sessions start without the network.
     jars_dir: str = ".jars"
     ui: bool = False
+    # Folder for Spark's event log (read by the History Server, docs/OPERATIONS.md); None: no event log.
+    event_log: str | None = None
     log_level: str = "WARN"
     conf: dict[str, str] = Field(default_factory=dict)
 
@@ -43,6 +47,9 @@ class PathSettings(Section):
     lake: str = "lake"
     models: str = "models"
     checkpoints: str = "lake/_checkpoints"
+    # Where `python -m jobs.infra.data fetch` lays out the public datasets; dataset paths in config that
+    # start with ${paths.data} follow it.
+    data: str = "data"
 
     @field_validator("lake", "checkpoints")
     @classmethod
@@ -171,8 +178,8 @@ class PviSettings(Section):
 class TrainPviSettings(Section):
     kind: Literal["g", "g_null", "info_gain"] = "g"
     base_model: str = "models/tiny-t5"
-    train_path: str = "../shared/data/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_1/dev.jsonl"
-    dev_path: str = "../shared/data/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_1/test.jsonl"
+    train_path: str = "${paths.data}/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_1/dev.jsonl"
+    dev_path: str = "${paths.data}/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_1/test.jsonl"
     output_dir: str = "models/pvi"
     # Paper recipe; the official code uses weight decay 0.01.
     lr: float = Field(3e-5, gt=0)
@@ -189,6 +196,8 @@ class TrainPviSettings(Section):
     max_target_length: int = Field(128, ge=4)
     eval_max_new_tokens: int = Field(64, ge=1)
     seed: int = 0
+    # Register the trained model under this name in the MLflow Model Registry (None: logged, not registered).
+    registered_model: str | None = None
 
 
 class AggregateSettings(Section):
@@ -196,8 +205,8 @@ class AggregateSettings(Section):
 
 
 class PerturbSettings(Section):
-    eb_task1_test: str = "../shared/data/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_1/test.jsonl"
-    eb_task2_test: str = "../shared/data/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_2/test.jsonl"
+    eb_task1_test: str = "${paths.data}/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_1/test.jsonl"
+    eb_task2_test: str = "${paths.data}/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_2/test.jsonl"
     types: list[str] = Field(default_factory=lambda: ["HALL", "NEG", "SWAP", "REP", "PAR", "RED", "REMOVE"])
     seed: int = 0
     clean_fraction: float = Field(0.5, ge=0, le=1)
@@ -229,8 +238,8 @@ class MetaEvalSettings(Section):
 class HumanLabelSettings(Section):
     """Annotated CSV in ROSCOE's shape -> `chains` with labels; every column name comes from here."""
 
-    annotated: str = "../shared/data/roscoe/annotated/gsm8k.csv"
-    generated: str = "../shared/data/roscoe/generated/gsm8k.json"
+    annotated: str = "${paths.data}/roscoe/annotated/gsm8k.csv"
+    generated: str = "${paths.data}/roscoe/generated/gsm8k.json"
     dataset: str = "gsm8k_roscoe"
     max_rows: int | None = None  # first N annotated rows (smoke runs)
     example_idx: str = "metadata_example_idx"  # 0-based line in `generated`
@@ -319,9 +328,9 @@ class CurationSettings(Section):
 
 
 class CotSettings(Section):
-    """CoT Collection evaluation (jobs/cot_eval.py); defaults follow the official protocol, deviations are options."""
+    """CoT Collection evaluation (jobs/cot/evaluate.py); defaults follow the official protocol, deviations are options."""
 
-    data_root: str = "../shared/data/cot"
+    data_root: str = "${paths.data}/cot"
     datasets: list[Literal["bbh", "mgsm", "p3"]] = Field(default_factory=lambda: ["bbh", "mgsm", "p3"])
     modes: list[Literal["direct", "cot"]] = Field(default_factory=lambda: ["direct", "cot"])
     # First N examples of each (dataset, task, template): quick runs; None = all.
@@ -384,6 +393,44 @@ class PipelineSettings(Section):
     progress: Literal["auto", "rich", "plain"] = "auto"
 
 
+class LogSettings(Section):
+    """Driver logs: one line format for every job; progress lines at least every `progress_seconds`."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    progress_seconds: float = Field(30.0, gt=0)
+
+
+class MaintainSettings(Section):
+    """Lake upkeep (`python -m jobs.infra.maintain`): compaction, layout, old-file removal."""
+
+    # The nightly pipeline runs maintenance after this many nights since the last one (None: never).
+    every_nights: int | None = Field(7, ge=1)
+    # VACUUM keeps files a reader or a time-travel query of the last `retention_hours` may need.
+    retention_hours: float = Field(168.0, ge=0)
+    # Clustering columns per table (Delta liquid clustering; OPTIMIZE lays files out by them). Chosen by
+    # bench/maintain_bench.py: readers filter on config_hash (and dataset), see bench/RESULTS.md.
+    cluster_by: dict[str, list[str]] = Field(
+        default_factory=lambda: {
+            "steps": ["config_hash"],
+            "step_scores": ["config_hash"],
+            "chain_scores": ["config_hash"],
+        }
+    )
+    # Tables whose changes downstream readers follow incrementally (Delta Change Data Feed).
+    change_feed: list[str] = Field(default_factory=lambda: ["curated", "rejected"])
+
+
+class ExportSettings(Section):
+    """`python -m jobs.receval.export`: curated (or rejected) chains with text, scores and reasons."""
+
+    table: Literal["curated", "rejected"] = "curated"
+    format: Literal["jsonl", "parquet", "hf"] = "jsonl"
+    output: str = "exports/curated"
+    datasets: list[str] | None = None  # None: every dataset
+    run_id: str | None = None  # only the chains curated by this pipeline run (its run id)
+    config_hash: str | None = None  # None: Settings.scoring_hash()
+
+
 class Settings(Section):
     profile: str = "local"
     spark: SparkSettings = SparkSettings()
@@ -405,6 +452,9 @@ class Settings(Section):
     curation: CurationSettings = CurationSettings()
     cot: CotSettings = CotSettings()
     pipeline: PipelineSettings = PipelineSettings()
+    log: LogSettings = LogSettings()
+    maintain: MaintainSettings = MaintainSettings()
+    export: ExportSettings = ExportSettings()
 
     @field_validator("profile")
     @classmethod
@@ -429,10 +479,31 @@ class Settings(Section):
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def resolve_path(path: str | os.PathLike[str]) -> Path:
-    """Relative paths in config are relative to the project root, so jobs run from any folder."""
-    p = Path(path).expanduser()
+def resolve_path(path: str | os.PathLike[str], data: str | os.PathLike[str] | None = None) -> Path:
+    """Relative paths in config are relative to the project root, so jobs run from any folder.
+
+    A leading ${paths.data} is the dataset folder: `data` when given, else the default `data/` (load_settings
+    already replaced it with the configured paths.data in every section it returns).
+    """
+    text = os.fspath(path)
+    if text.startswith(DATA_TOKEN):
+        text = os.fspath(data if data is not None else PathSettings().data) + text[len(DATA_TOKEN):]
+    p = Path(text).expanduser()
     return p if p.is_absolute() else PROJECT_ROOT / p
+
+
+def _with_data_folder(model: BaseModel, data: str) -> BaseModel:
+    """The model with every ${paths.data} prefix in its (nested) string fields replaced by `data`."""
+    updates: dict[str, Any] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, str) and value.startswith(DATA_TOKEN):
+            updates[name] = data + value[len(DATA_TOKEN):]
+        elif isinstance(value, BaseModel):
+            replaced = _with_data_folder(value, data)
+            if replaced is not value:
+                updates[name] = replaced
+    return model.model_copy(update=updates) if updates else model
 
 
 def deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -455,10 +526,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _nested(dotted: str, value: Any) -> dict[str, Any]:
+def _nested(parts: Sequence[str], value: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     cursor = out
-    parts = dotted.split(".")
     for part in parts[:-1]:
         cursor = cursor.setdefault(part, {})
     cursor[parts[-1]] = value
@@ -473,23 +543,88 @@ def _parse_scalar(text: str) -> Any:
         return text
 
 
-def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
-    for key, value in environ.items():
-        if key.startswith(ENV_PREFIX):
-            dotted = key[len(ENV_PREFIX) :].lower().replace("__", ".")
-            merged = deep_merge(merged, _nested(dotted, _parse_scalar(value)))
-    return merged
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The config section class an annotation holds (`ModelRef | None` -> ModelRef), else None."""
+    members = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    for member in members:
+        if isinstance(member, type) and issubclass(member, BaseModel):
+            return member
+    return None
 
 
-def cli_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+def _target(dotted: str) -> tuple[list[str], Any]:
+    """The key path an override sets and its field's type (None: no such field; validation will name it)."""
+    parts = dotted.split(".")
+    model: type[BaseModel] | None = Settings
+    for i, part in enumerate(parts):
+        field = model.model_fields.get(part) if model is not None else None
+        if field is None:
+            return parts, None
+        rest = parts[i + 1 :]
+        if not rest:
+            return parts, field.annotation
+        model = _model_in(field.annotation)
+        if model is None and get_origin(field.annotation) is dict:
+            # A dict key may itself hold dots: spark.conf.spark.executor.memory sets the key spark.executor.memory.
+            return [*parts[: i + 1], ".".join(rest)], get_args(field.annotation)[1]
+    return parts, None
+
+
+def _typed(text: str, annotation: Any) -> Any:
+    """Override text as its field's type. YAML alone reads `yes` as true and `1e5` as a float before the type
+    is known; so text the field's type accepts as it is stays text (pydantic converts it: "64" -> 64 for an
+    int, "yes" stays "yes" for a string), and only text it rejects is read as YAML ([a, b], {k: 1}, null)."""
+    parsed = _parse_scalar(text)
+    if annotation is None:
+        return parsed
+    if parsed is None and (get_origin(annotation) in (Union, UnionType) and type(None) in get_args(annotation)):
+        return None
+    try:
+        TypeAdapter(annotation).validate_python(text)
+    except ValidationError:
+        return parsed
+    return text
+
+
+def _overrides(items: Iterable[tuple[str, str, str]]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(dotted key, text, source) -> nested overrides and the source of each dotted key."""
     merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for dotted, text, source in items:
+        parts, annotation = _target(dotted)
+        merged = deep_merge(merged, _nested(parts, _typed(text, annotation)))
+        sources[".".join(parts)] = source
+    return merged, sources
+
+
+def _env_items(environ: Mapping[str, str]) -> list[tuple[str, str, str]]:
+    return [
+        (key[len(ENV_PREFIX) :].lower().replace("__", "."), value, f"env {key}")
+        for key, value in sorted(environ.items())
+        if key.startswith(ENV_PREFIX)
+    ]
+
+
+def _cli_items(pairs: Sequence[str]) -> list[tuple[str, str, str]]:
+    items = []
     for pair in pairs:
         if "=" not in pair:
             raise ConfigError(f"override {pair!r} must look like section.key=value")
         dotted, value = pair.split("=", 1)
-        merged = deep_merge(merged, _nested(dotted.strip(), _parse_scalar(value)))
-    return merged
+        items.append((dotted.strip(), value, f"--set {pair}"))
+    return items
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    return _overrides(_env_items(environ))[0]
+
+
+def cli_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    return _overrides(_cli_items(pairs))[0]
+
+
+def _layer_sources(layer: Mapping[str, Any], label: str) -> dict[str, str]:
+    return dict.fromkeys(flatten(layer), label)
 
 
 def load_settings(
@@ -498,18 +633,31 @@ def load_settings(
     environ: Mapping[str, str] | None = None,
 ) -> Settings:
     """defaults.yaml < profiles/<profile>.yaml < models/<models.profile>.yaml < file < env < overrides."""
+    return load_settings_with_sources(config_file, overrides, environ)[0]
+
+
+def load_settings_with_sources(
+    config_file: str | os.PathLike[str] | None = None,
+    overrides: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> tuple[Settings, dict[str, str]]:
+    """`load_settings` and, per dotted key, the layer its value came from (keys no layer sets: `default`)."""
     environ = os.environ if environ is None else environ
     user = _read_yaml(resolve_path(config_file)) if config_file else {}
-    env = env_overrides(environ)
-    cli = cli_overrides(overrides)
+    env, env_sources = _overrides(_env_items(environ))
+    cli, cli_sources = _overrides(_cli_items(overrides))
     top = deep_merge(deep_merge(deep_merge({}, user), env), cli)
 
+    sources: dict[str, str] = {}
     layered = _read_yaml(CONF_DIR / "defaults.yaml")
+    sources.update(_layer_sources(layered, "conf/defaults.yaml"))
     profile = top.get("profile", layered.get("profile", "local"))
     profile_file = CONF_DIR / "profiles" / f"{profile}.yaml"
     if not profile_file.exists():
         raise ConfigError(f"profile: unknown profile {profile!r} (no {profile_file.relative_to(PROJECT_ROOT)})")
-    layered = deep_merge(layered, _read_yaml(profile_file))
+    profile_layer = _read_yaml(profile_file)
+    layered = deep_merge(layered, profile_layer)
+    sources.update(_layer_sources(profile_layer, str(profile_file.relative_to(PROJECT_ROOT))))
     models_profile = (
         top.get("models", {}).get("profile")
         or layered.get("models", {}).get("profile", "offline")
@@ -519,16 +667,39 @@ def load_settings(
         raise ConfigError(
             f"models.profile: unknown model profile {models_profile!r} (no {models_file.relative_to(PROJECT_ROOT)})"
         )
-    layered = deep_merge(layered, _read_yaml(models_file))
+    models_layer = _read_yaml(models_file)
+    layered = deep_merge(layered, models_layer)
+    sources.update(_layer_sources(models_layer, str(models_file.relative_to(PROJECT_ROOT))))
     layered = deep_merge(layered, top)
+    sources.update(_layer_sources(user, f"--config {config_file}"))
+    sources.update(env_sources)
+    sources.update(cli_sources)
     try:
-        return Settings.model_validate(layered)
+        settings = Settings.model_validate(layered)
     except ValidationError as err:
         problems = []
         for e in err.errors():
             key = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-", "literal[")))
             problems.append(f"{key}: {e['msg']}")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+    return _with_data_folder(settings, settings.paths.data), sources
+
+
+def source_of(key: str, sources: Mapping[str, str]) -> str:
+    """The layer that set a dotted key: its own entry, else the nearest enclosing key's (a dict set whole)."""
+    parts = key.split(".")
+    for end in range(len(parts), 0, -1):
+        found = sources.get(".".join(parts[:end]))
+        if found is not None:
+            return found
+    return "default (jobs/infra/config.py)"
+
+
+def describe(settings: Settings, sources: Mapping[str, str]) -> str:
+    """The resolved configuration, one `key: value  # source` line per setting (for --print-config)."""
+    flat = flatten(settings.model_dump(mode="json"))
+    width = min(60, max(len(f"{k}: {v}") for k, v in flat.items()))
+    return "\n".join(f"{f'{k}: {v}':<{width}}  # {source_of(k, sources)}" for k, v in flat.items())
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:

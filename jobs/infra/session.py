@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from jobs.config import SparkSettings, resolve_path
+from jobs.infra.config import SparkSettings, resolve_path
 
 # Maven Central serves delta-spark_4.2_2.13 only at 4.4.0 (4.4.1: 404, checked 2026-11-30), so the
 # pip package is pinned to the same 4.4.0.
@@ -26,7 +26,7 @@ def delta_jars(jars_dir: str | os.PathLike[str]) -> list[Path]:
     jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
     if not any("delta-spark_" in j.name for j in jars):
         raise JarsMissing(
-            f"Delta jars not found in {folder}. Run `python -m jobs.jars` once (needs Maven Central); "
+            f"Delta jars not found in {folder}. Run `python -m jobs.infra.jars` once (needs Maven Central); "
             "later runs work offline from that folder."
         )
     return jars
@@ -61,6 +61,11 @@ def build_session(spark: SparkSettings, extra: dict[str, str] | None = None) -> 
     # set); a plain `python -m jobs.x` starts the JVM here and must name both.
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         builder = builder.master(spark.master).config("spark.jars", jars)
+    if spark.event_log:
+        # The History Server reads this folder after the job (docs/OPERATIONS.md); Spark needs it to exist.
+        folder = resolve_path(spark.event_log)
+        folder.mkdir(parents=True, exist_ok=True)
+        builder = builder.config("spark.eventLog.enabled", "true").config("spark.eventLog.dir", folder.as_uri())
     for key, value in {**spark.conf, **(extra or {})}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()

@@ -11,17 +11,62 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from jobs.config import Settings, load_settings
+from jobs.infra.config import Settings, describe, load_settings_with_sources
 from schemas import quarantine as Q
 
 
-def job_args(description: str, argv: Sequence[str] | None = None) -> tuple[Settings, argparse.Namespace]:
-    """Every job's command line: --config FILE and any number of --set section.key=value."""
-    parser = argparse.ArgumentParser(description=description)
+def job_args(
+    description: str,
+    argv: Sequence[str] | None = None,
+    parser: argparse.ArgumentParser | None = None,
+) -> tuple[Settings, argparse.Namespace]:
+    """Every job's command line: --config FILE, any number of --set section.key=value, --print-config, --dry-run.
+
+    `parser` carries a job's own arguments. --print-config prints the resolved configuration with the layer
+    each value came from and exits; --dry-run is left to the job (`tracking.job` prints its plan and exits).
+    """
+    parser = parser or argparse.ArgumentParser(description=description)
     parser.add_argument("--config", help="YAML file layered over conf/defaults.yaml and the profiles")
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print what each stage would read, do and write; change nothing"
+    )
     args = parser.parse_args(argv)
-    return load_settings(args.config, args.overrides), args
+    settings, sources = load_settings_with_sources(args.config, args.overrides)
+    if args.print_config:
+        print(describe(settings, sources))
+        raise SystemExit(0)
+    return settings, args
+
+
+class Held:
+    """The owner of the frames a block of work persists: `with Held() as hold: df = hold(df)` persists `df`,
+    and every frame held is released when the block ends, also when it raises. Without an owner, a job's
+    cache outlives it: many batches (or jobs) in one session then starve execution memory of the next."""
+
+    def __init__(self) -> None:
+        self.frames: list[DataFrame] = []
+
+    def __call__(self, df: DataFrame) -> DataFrame:
+        kept = df.persist()
+        self.frames.append(kept)
+        return kept
+
+    def __enter__(self) -> Held:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for df in self.frames:
+            df.unpersist()
+        self.frames.clear()
+
+
+def release_table_state(spark: SparkSession) -> None:
+    """Drop Delta's cached table states: every table a job reads keeps its state (file list, stats) as a
+    persisted RDD ("Delta Table State #n") in storage memory until the session ends. At the end of a job
+    nothing may stay held; the next read rebuilds the state from the table's log."""
+    spark.sparkContext._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
 
 
 def exists(spark: SparkSession, path: str) -> bool:
@@ -35,14 +80,30 @@ def version(spark: SparkSession, path: str) -> int | None:
     return int(DeltaTable.forPath(spark, path).history(1).select("version").first()[0])
 
 
-def ensure(spark: SparkSession, path: str, schema: StructType, partition_by: Sequence[str] = ()) -> DeltaTable:
-    """Create an empty table with the contract schema when missing."""
+def ensure(
+    spark: SparkSession,
+    path: str,
+    schema: StructType,
+    partition_by: Sequence[str] = (),
+    properties: dict[str, str] | None = None,
+) -> DeltaTable:
+    """Create an empty table with the contract schema when missing; `properties` are set on it (also on an
+    existing table that lacks them, e.g. the change data feed on a table made before it was configured)."""
     if not exists(spark, path):
         writer = spark.createDataFrame([], schema).write.format("delta").mode("ignore")
         if partition_by:
             writer = writer.partitionBy(*partition_by)
+        for key, value in (properties or {}).items():
+            writer = writer.option(key, value)
         writer.save(path)
-    return DeltaTable.forPath(spark, path)
+    table = DeltaTable.forPath(spark, path)
+    if properties:
+        have = table.detail().select("properties").first()[0]
+        missing = {k: v for k, v in properties.items() if have.get(k) != v}
+        if missing:
+            pairs = ", ".join(f"{k} = '{v}'" for k, v in missing.items())
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({pairs})")
+    return table
 
 
 def read(spark: SparkSession, path: str, schema: StructType | None = None) -> DataFrame:

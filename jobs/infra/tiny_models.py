@@ -4,7 +4,7 @@ A T5 (seq2seq), a GPT-2-style causal LM and a 3-label NLI classifier whose `labe
 not in the usual order. Each loads with `from_pretrained(path)`; tests, the `offline` model profile and
 the benchmarks use them. Sizes are parameters so benchmarks can build timing-sized models too.
 
-    python -m jobs.tiny_models --out models
+    python -m jobs.infra.tiny_models --out models
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from jobs.config import resolve_path
+from jobs.infra.config import resolve_path
 
 # Byte-level BPE needs no unknown token: any text (emoji, Cyrillic, control characters) encodes.
 _CORPUS = """

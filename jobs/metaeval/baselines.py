@@ -6,6 +6,7 @@ baselines and ReCEval go through the same Somers' D code and sit side by side in
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,12 +15,14 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs import tables
-from jobs.config import Settings
-from jobs.tracking import job
+from jobs.infra import tables
+from jobs.infra.config import Settings
+from jobs.infra.tracking import job
 from schemas import baseline_scores as B
 from schemas import chains as C
 from udfs import roscoe
+
+log = logging.getLogger(__name__)
 
 KEYS = [B.CHAIN_ID, B.METRIC]
 _OUT = "chain_id string, metric string, score double, model string"
@@ -140,12 +143,12 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
         from udfs import runtime
 
         runtime.check_available(settings.models.nli.path, "nli")
-    scores = transform(chains, settings).cache()
-    tables.upsert(spark, scores, settings.table("baseline_scores"), B.SCHEMA, KEYS)
-    counts = {"chains": chains.count(), "scores": scores.count()}
-    for row in scores.groupBy(B.METRIC).agg(F.mean(B.SCORE).alias("m")).collect():
-        counts[f"mean_{row[B.METRIC]}"] = float(np.round(row["m"], 6)) if row["m"] is not None else None
-    scores.unpersist()
+    with tables.Held() as hold:
+        scores = hold(transform(chains, settings))
+        tables.upsert(spark, scores, settings.table("baseline_scores"), B.SCHEMA, KEYS)
+        counts = {"chains": chains.count(), "scores": scores.count()}
+        for row in scores.groupBy(B.METRIC).agg(F.mean(B.SCORE).alias("m")).collect():
+            counts[f"mean_{row[B.METRIC]}"] = float(np.round(row["m"], 6)) if row["m"] is not None else None
     return counts
 
 
@@ -153,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
     with job("baselines", __doc__, argv) as (spark, settings, tracked):
         counts = run(spark, settings)
         tracked.log_metrics(counts)
-        print(f"[baselines] {counts}")
+        log.info(f"[baselines] {counts}")
     return counts
 
 

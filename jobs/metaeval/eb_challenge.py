@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from pathlib import Path
 
-from jobs import baselines, human_labels, meta_eval, perturb, pipeline
-from jobs.config import Settings, load_settings
-from jobs.session import build_session
-from jobs.tracking import JobRun, job_run
+from jobs.infra import lineage, tables
+from jobs.infra.config import Settings
+from jobs.infra.session import build_session
+from jobs.infra.tracking import JobRun, job_run
+from jobs.metaeval import baselines, human_labels, meta_eval, perturb
+from jobs.receval import pipeline
+
+log = logging.getLogger(__name__)
 
 STAGES = ["perturb", "human_labels", "score", "baselines", "meta_eval"]
 
@@ -28,7 +33,7 @@ def run(spark, settings: Settings, tracked: JobRun, stages: list[str] = STAGES) 
         started = time.time()
         out = fn()
         report[f"{name}_seconds"] = round(time.time() - started, 1)
-        print(f"[eb_challenge] {name} done in {report[f'{name}_seconds']} s", flush=True)
+        log.info(f"[eb_challenge] {name} done in {report[f'{name}_seconds']} s")
         return out
 
     if "perturb" in stages:
@@ -57,13 +62,15 @@ def run(spark, settings: Settings, tracked: JobRun, stages: list[str] = STAGES) 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config")
-    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     parser.add_argument("--stages", default=",".join(STAGES))
     parser.add_argument("--out", help="folder for correlations.md, heatmap.png and report.json")
-    args = parser.parse_args(argv)
-    settings = load_settings(args.config, args.overrides)
+    settings, args = tables.job_args(__doc__ or "eb_challenge", argv, parser)
     spark = build_session(settings.spark)
+    if args.dry_run:
+        print(f"[dry-run] eb_challenge: stages {args.stages}; nothing is written")
+        for stage in args.stages.split(","):
+            print(lineage.dry_run(spark, settings, stage))
+        raise SystemExit(0)
     with job_run(settings, "eb_challenge") as tracked:
         report = run(spark, settings, tracked, args.stages.split(","))
         tracked.log_metrics({k: v for k, v in report.items() if k.endswith("_seconds")})

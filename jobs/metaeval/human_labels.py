@@ -1,6 +1,6 @@
 """Human-annotated chains (ROSCOE CSV + generated JSON lines) -> `chains` rows with `labels`.
 
-Labels follow RECEVAL.md: 1 = clean, 0 = error. A per-step yes/no question gives a chain label that is the
+Labels follow docs/design/RECEVAL.md: 1 = clean, 0 = error. A per-step yes/no question gives a chain label that is the
 min over the chain's steps (no -> 1, yes -> 0); a chain-level yes/no question maps the same way; Likert
 ratings (Overall, Coherent) stay ordinal. Every column name and label name comes from HumanLabelSettings, so
 another annotated set in the same CSV shape loads with a config file and no code change.
@@ -9,6 +9,7 @@ another annotated set in the same CSV shape loads with a config file and no code
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from typing import Any
@@ -16,11 +17,13 @@ from typing import Any
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
-from jobs import tables
-from jobs.config import HumanLabelSettings, Settings, resolve_path
-from jobs.ingest import content_hash
-from jobs.tracking import job
+from jobs.infra import tables
+from jobs.infra.config import HumanLabelSettings, Settings, resolve_path
+from jobs.infra.tracking import job
 from schemas import chains as C
+from schemas.chains import content_hash
+
+log = logging.getLogger(__name__)
 
 CALCULATOR = re.compile(r"<<[^<>]*>>")
 
@@ -157,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
     with job("human_labels", __doc__, argv) as (spark, settings, tracked):
         counts = run(spark, settings)
         tracked.log_metrics(counts)
-        print(f"[human_labels] {counts}")
+        log.info(f"[human_labels] {counts}")
     return counts
 
 

@@ -19,9 +19,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 from scipy import stats
 
-from jobs import tables
-from jobs.config import Settings
-from jobs.tracking import job
+from jobs.infra import tables
+from jobs.infra.config import Settings
+from jobs.infra.progress import Progress
+from jobs.infra.tracking import job
 from schemas import baseline_scores as B
 from schemas import chain_scores as CS
 from schemas import chains as C
@@ -118,44 +119,52 @@ def spark_auc(long: DataFrame, level: float = 0.95) -> DataFrame:
     )
 
 
-def driver_somers(spark: SparkSession, long: DataFrame, resamples: int, seed: int, level: float) -> DataFrame:
+def driver_somers(
+    spark: SparkSession, long: DataFrame, resamples: int, seed: int, level: float, every: float = 30.0
+) -> DataFrame:
     """Small or ordinal groups: collected, scipy.stats.somersd(label, score) and a stratified bootstrap CI."""
     groups = long.groupBy(*GROUP_KEYS).agg(
         F.collect_list(F.struct(C.CHAIN_ID, VALUE, SCORE)).alias("rows")
     ).collect()
     out = []
-    for g in groups:
-        # Sorted by chain id: the bootstrap draws then do not depend on Spark's collect order.
-        rows = sorted(g["rows"], key=lambda r: r[C.CHAIN_ID])
-        y = [r[VALUE] for r in rows]
-        s = [r[SCORE] for r in rows]
-        d = somers.somers_d(y, s)
-        low, high = somers.bootstrap_ci(y, s, resamples, seed, level)
-        top = max(y)
-        out.append((
-            g[M.DATASET], g[M.LABEL], g[M.METRIC],
-            None if math.isnan(d) else d, None if math.isnan(low) else low, None if math.isnan(high) else high,
-            len(y), sum(1 for v in y if (v == 0 if somers.is_binary(y) else v < top)), "scipy",
-        ))
+    # The bootstrap runs on the driver, one group at a time: groups done, rate and ETA in the log.
+    with Progress("meta_eval", len(groups), "groups", every, spark) as progress:
+        for g in groups:
+            # Sorted by chain id: the bootstrap draws then do not depend on Spark's collect order.
+            rows = sorted(g["rows"], key=lambda r: r[C.CHAIN_ID])
+            y = [r[VALUE] for r in rows]
+            s = [r[SCORE] for r in rows]
+            d = somers.somers_d(y, s)
+            low, high = somers.bootstrap_ci(y, s, resamples, seed, level)
+            top = max(y)
+            out.append((
+                g[M.DATASET], g[M.LABEL], g[M.METRIC],
+                None if math.isnan(d) else d, None if math.isnan(low) else low, None if math.isnan(high) else high,
+                len(y), sum(1 for v in y if (v == 0 if somers.is_binary(y) else v < top)), "scipy",
+            ))
+            progress.commit(1)
     return spark.createDataFrame(out, _RESULT)
 
 
 def transform(spark: SparkSession, chain_scores: DataFrame, chains: DataFrame, baseline_scores: DataFrame | None,
-              settings: Settings) -> DataFrame:
-    """Scores and labels -> `meta_eval` rows (schema order); no table reads or writes."""
+              settings: Settings, hold: tables.Held | None = None) -> DataFrame:
+    """Scores and labels -> `meta_eval` rows (schema order); no table reads or writes. With `hold`, the long
+    frame (read once per group size and once per method) is persisted until the holder releases it."""
     cfg = settings.meta_eval
     config_hash = cfg.config_hash or settings.scoring_hash()
     scores = melt_chain_scores(chain_scores, cfg.metrics, config_hash)
     if baseline_scores is not None and cfg.include_baselines:
         scores = scores.unionByName(baseline_scores.select(B.CHAIN_ID, B.METRIC, B.SCORE))
-    long = long_frame(scores, chains, cfg.datasets).cache()
+    long = long_frame(scores, chains, cfg.datasets)
+    long = hold(long) if hold is not None else long
     sizes = long.groupBy(*GROUP_KEYS).agg(
         F.count(F.lit(1)).alias("_n"),
         F.max(F.when(~F.col(VALUE).isin(0.0, 1.0), 1).otherwise(0)).alias("_ordinal"),
     )
     tagged = long.join(sizes, GROUP_KEYS)
     big = (F.col("_n") > cfg.spark_threshold) & (F.col("_ordinal") == 0)
-    results = driver_somers(spark, tagged.where(~big), cfg.bootstrap_resamples, cfg.seed, cfg.ci_level)
+    results = driver_somers(spark, tagged.where(~big), cfg.bootstrap_resamples, cfg.seed, cfg.ci_level,
+                            settings.log.progress_seconds)
     results = results.unionByName(spark_auc(tagged.where(big), cfg.ci_level))
     out = results.withColumn(M.CONFIG_HASH, F.lit(config_hash)).withColumn(M.RUN_ID, F.lit(None).cast("string"))
     return tables.conform(out.withColumn(M.COMPUTED_AT, F.current_timestamp()), M.SCHEMA)
@@ -238,12 +247,11 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> l
     chain_scores = tables.read(spark, settings.table("chain_scores"), CS.SCHEMA)
     chains = tables.read(spark, settings.table("chains"), C.SCHEMA)
     baseline = tables.read(spark, settings.table("baseline_scores"), B.SCHEMA)
-    result = transform(spark, chain_scores, chains, baseline, settings).withColumn(M.RUN_ID, F.lit(run_id))
-    result = result.cache()
-    tables.upsert(spark, result, settings.table("meta_eval"), M.SCHEMA, KEYS)
-    rows = [r.asDict() for r in result.collect()]
-    result.unpersist()
-    return rows
+    with tables.Held() as hold:
+        result = transform(spark, chain_scores, chains, baseline, settings, hold).withColumn(M.RUN_ID, F.lit(run_id))
+        result = hold(result)
+        tables.upsert(spark, result, settings.table("meta_eval"), M.SCHEMA, KEYS)
+        return [r.asDict() for r in result.collect()]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

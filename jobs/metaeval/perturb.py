@@ -1,6 +1,6 @@
 """EntailmentBank task_1 test (+ task_2 distractors) -> EB-challenge `chains` (one dataset per perturbation type).
 
-Semantics follow the official `perturb_EB.py` (RECEVAL.md "Meta-evaluation"): keep trees with at least
+Semantics follow the official `perturb_EB.py` (docs/design/RECEVAL.md "Meta-evaluation"): keep trees with at least
 `min_steps` steps, perturb one step whose child is an intermediate node (never the final, hypothesis step):
 HALL  its conclusion becomes a task_2 distractor sentence that is not in the tree;
 NEG   its conclusion is negated (udfs.negation, spaCy rules);
@@ -20,6 +20,7 @@ Each chain records what changed in `metadata` (perturbation_type, _step, _node, 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -29,12 +30,15 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from jobs import tables
-from jobs.config import PerturbSettings, Settings, resolve_path
-from jobs.tracking import job
+from jobs.infra import tables
+from jobs.infra.config import PerturbSettings, Settings, resolve_path
+from jobs.infra.progress import Progress
+from jobs.infra.tracking import job
 from schemas import chains as C
 from udfs import entailment_bank as EB
 from udfs.entailment_bank import ProofStep
+
+log = logging.getLogger(__name__)
 
 TYPES = ("HALL", "NEG", "SWAP", "REP", "PAR", "RED", "REMOVE")
 CLEAN, PERTURBED = 1.0, 0.0
@@ -304,14 +308,17 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, Any]:
     res, skipped = resources(settings, cfg.types)
     records = []
     report: dict[str, Any] = {"trees": len(rows)}
-    for kind in cfg.types:
-        if kind in skipped:
-            report[kind] = skipped[kind]
-            print(f"[perturb] {kind} {skipped[kind]}")
-            continue
-        built = build(kind, rows, task2, ids, cfg, res)
-        records.extend(built)
-        report[kind] = sum(1 for r in built if r[C.LABELS][kind] == PERTURBED)
+    # Driver-side work per perturbation type: trees done over all types, rate and ETA in the log.
+    with Progress("perturb", len(rows) * len(cfg.types), "trees", settings.log.progress_seconds, logger=log) as progress:
+        for kind in cfg.types:
+            if kind in skipped:
+                report[kind] = skipped[kind]
+                log.info(f"[perturb] {kind} {skipped[kind]}")
+            else:
+                built = build(kind, rows, task2, ids, cfg, res)
+                records.extend(built)
+                report[kind] = sum(1 for r in built if r[C.LABELS][kind] == PERTURBED)
+            progress.commit(len(rows))
     df = spark.createDataFrame([{f.name: r.get(f.name) for f in C.SCHEMA.fields} for r in records], C.SCHEMA)
     df = df.withColumn(C.INGESTED_AT, F.current_timestamp())
     path = settings.table("chains")
@@ -334,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         tracked.log_metrics({f"perturbed_{k}": v for k, v in report.items() if isinstance(v, int)})
         tracked.set_tags({f"skipped_{k}": v for k, v in report.items() if isinstance(v, str)})
         tracked.log_text("perturb/report.json", json.dumps(report, indent=2))
-        print(f"[perturb] {report}")
+        log.info(f"[perturb] {report}")
     return report
 
 

@@ -1,6 +1,6 @@
 """`step_scores` -> `chain_scores`: per (chain, config hash) each metric's min over steps, worst step, mean, API_k.
 
-A chain is as good as its worst step (RECEVAL.md "Per chain"), so the chain score is the min; the index of
+A chain is as good as its worst step (docs/design/RECEVAL.md "Per chain"), so the chain score is the min; the index of
 that step (first on ties) says where the chain breaks. A metric that is null on any step of a chain (that
 step's scoring failed or has not run yet) gives a null chain score, never a min over the steps that happen
 to be there, which would flatter the chain. API_k(R) is the paper's definition: every window of k consecutive
@@ -10,14 +10,18 @@ info_gain values sums to > 0. A chain with fewer than k steps has one window, th
 
 from __future__ import annotations
 
+import logging
+
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs import tables
-from jobs.config import Settings
-from jobs.tracking import job
+from jobs.infra import tables
+from jobs.infra.config import Settings
+from jobs.infra.tracking import job
 from schemas import chain_scores as CS
 from schemas import step_scores as SS
+
+log = logging.getLogger(__name__)
 
 KEYS = [CS.CHAIN_ID, CS.CONFIG_HASH]
 MODEL_COLS = [CS.NLI_MODEL, CS.PVI_MODEL, CS.PVI_NULL_MODEL, CS.IG_MODEL]
@@ -72,15 +76,15 @@ def transform(step_scores: DataFrame, settings: Settings) -> DataFrame:
 def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
     """Aggregate every (chain, config hash) in `step_scores` into `chain_scores` (upsert: reruns are idempotent)."""
     steps = tables.read(spark, settings.table("step_scores"), SS.SCHEMA)
-    chains = transform(steps, settings).cache()
-    counts = {
-        "chains": chains.count(),
-        "incomplete": chains.where(
-            F.greatest(*[F.col(CS.min_col(m)).isNull() for m in CS.METRIC_NAMES])
-        ).count(),
-    }
-    tables.upsert(spark, chains, settings.table("chain_scores"), CS.SCHEMA, KEYS)
-    chains.unpersist()
+    with tables.Held() as hold:
+        chains = hold(transform(steps, settings))
+        counts = {
+            "chains": chains.count(),
+            "incomplete": chains.where(
+                F.greatest(*[F.col(CS.min_col(m)).isNull() for m in CS.METRIC_NAMES])
+            ).count(),
+        }
+        tables.upsert(spark, chains, settings.table("chain_scores"), CS.SCHEMA, KEYS)
     return counts
 
 
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
         counts = run(spark, settings)
         tracked.log_metrics({f"rows_{k}": v for k, v in counts.items()})
         tracked.set_tags({"chain_scores_version": tables.version(spark, settings.table("chain_scores"))})
-        print(f"[aggregate] chains={counts['chains']} with a null metric={counts['incomplete']}")
+        log.info(f"[aggregate] chains={counts['chains']} with a null metric={counts['incomplete']}")
     return counts
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -17,12 +18,14 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, StringType, StructField, StructType
 
-from jobs import tables
-from jobs.config import CurationSettings, Settings
-from jobs.tracking import JobRun, job
+from jobs.infra import tables
+from jobs.infra.config import CurationSettings, Settings
+from jobs.infra.tracking import JobRun, job
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import curation as CU
+
+logger = logging.getLogger(__name__)
 
 PASSED = "passed"
 DECISION_SCHEMA = StructType(
@@ -235,42 +238,45 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> C
         .where((F.col(CU.CONFIG_HASH) == config_hash) & (F.col(CU.RULES_HASH) == rules_hash))
         .select(CU.CHAIN_ID)
     )
-    batch = scores.join(decided, CU.CHAIN_ID, "left_anti").persist()
-    n_batch = batch.count()
-    bounds = quantile_bounds(_reference(spark, settings, batch), cfg) if n_batch else {
-        k: None for k in cfg.quantiles
-    }
-    rule_list = rules(cfg, bounds)
-    decisions = decide(batch, rule_list, rules_hash, run_id).persist()
-    n_new = tables.insert_new(spark, decisions, decisions_path, DECISION_SCHEMA, CU.KEYS) if n_batch else 0
-    # Copy every stored decision not yet in curated/rejected: also finishes a run killed after the MERGE above.
-    stored = tables.read(spark, decisions_path, DECISION_SCHEMA).where(
-        (F.col(CU.CONFIG_HASH) == config_hash) & (F.col(CU.RULES_HASH) == rules_hash)
-    )
-    curated, rejected = split(stored)
-    n_curated = tables.insert_new(spark, curated, settings.table("curated"), CU.CURATED_SCHEMA, CU.KEYS)
-    n_rejected = tables.insert_new(spark, rejected, settings.table("rejected"), CU.REJECTED_SCHEMA, CU.KEYS)
-    this_run = stored.where(F.col(CU.RUN_ID) == F.lit(run_id)) if run_id else decisions
-    counts = {
-        "batch": n_batch,
-        "decided": n_new,
-        "curated": n_curated,
-        "rejected": n_rejected,
-        "run_passed": this_run.where(F.col(PASSED)).count(),
-        "run_failed": this_run.where(~F.col(PASSED)).count(),
-    }
-    counts["reconciled"] = int(n_batch == counts["run_passed"] + counts["run_failed"] or run_id is None)
-    pass_rates = rule_pass_rates(this_run, rule_list) if n_batch else {}
-    labels = label_agreement(this_run, tables.read(spark, settings.table("chains"), C.SCHEMA)) if n_batch else {}
-    histograms = {}
-    if n_batch:
-        for metric in CS.METRIC_NAMES:
-            column = CS.min_col(metric)
-            edges, hist = histogram(this_run, column, cfg.histogram_bins)
-            marks = {r.id: r.bound for r in rule_list if r.column == column and r.bound is not None}
-            histograms[metric] = histogram_png(column, edges, hist, marks)
-    batch.unpersist()
-    decisions.unpersist()
+    with tables.Held() as hold:
+        batch = hold(scores.join(decided, CU.CHAIN_ID, "left_anti"))
+        n_batch = batch.count()
+        bounds = quantile_bounds(_reference(spark, settings, batch), cfg) if n_batch else {
+            k: None for k in cfg.quantiles
+        }
+        rule_list = rules(cfg, bounds)
+        decisions = hold(decide(batch, rule_list, rules_hash, run_id))
+        n_new = tables.insert_new(spark, decisions, decisions_path, DECISION_SCHEMA, CU.KEYS) if n_batch else 0
+        # Copy every stored decision not yet in curated/rejected: also finishes a run killed after the MERGE above.
+        stored = tables.read(spark, decisions_path, DECISION_SCHEMA).where(
+            (F.col(CU.CONFIG_HASH) == config_hash) & (F.col(CU.RULES_HASH) == rules_hash)
+        )
+        curated, rejected = split(stored)
+        # A downstream reader follows curated/rejected by their change data feed (docs/OPERATIONS.md).
+        for name, schema in (("curated", CU.CURATED_SCHEMA), ("rejected", CU.REJECTED_SCHEMA)):
+            if name in settings.maintain.change_feed:
+                tables.ensure(spark, settings.table(name), schema, properties={"delta.enableChangeDataFeed": "true"})
+        n_curated = tables.insert_new(spark, curated, settings.table("curated"), CU.CURATED_SCHEMA, CU.KEYS)
+        n_rejected = tables.insert_new(spark, rejected, settings.table("rejected"), CU.REJECTED_SCHEMA, CU.KEYS)
+        this_run = stored.where(F.col(CU.RUN_ID) == F.lit(run_id)) if run_id else decisions
+        counts = {
+            "batch": n_batch,
+            "decided": n_new,
+            "curated": n_curated,
+            "rejected": n_rejected,
+            "run_passed": this_run.where(F.col(PASSED)).count(),
+            "run_failed": this_run.where(~F.col(PASSED)).count(),
+        }
+        counts["reconciled"] = int(n_batch == counts["run_passed"] + counts["run_failed"] or run_id is None)
+        pass_rates = rule_pass_rates(this_run, rule_list) if n_batch else {}
+        labels = label_agreement(this_run, tables.read(spark, settings.table("chains"), C.SCHEMA)) if n_batch else {}
+        histograms = {}
+        if n_batch:
+            for metric in CS.METRIC_NAMES:
+                column = CS.min_col(metric)
+                edges, hist = histogram(this_run, column, cfg.histogram_bins)
+                marks = {r.id: r.bound for r in rule_list if r.column == column and r.bound is not None}
+                histograms[metric] = histogram_png(column, edges, hist, marks)
     return CurationResult(counts, [asdict(r) for r in rule_list], pass_rates, labels, histograms)
 
 
@@ -296,7 +302,7 @@ def main(argv: list[str] | None = None) -> CurationResult:
     with job("curate", __doc__, argv) as (spark, settings, tracked):
         result = run(spark, settings, tracked.local_id)
         log(result, tracked)
-        print(f"[curate] {result.counts} pass rates {result.pass_rates}")
+        logger.info(f"[curate] {result.counts} pass rates {result.pass_rates}")
     return result
 
 

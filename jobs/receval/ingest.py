@@ -8,8 +8,8 @@ Counts reconcile: read = inserted + already present + quarantined.
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
+import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,11 +20,13 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from jobs import tables
-from jobs.config import IngestSettings, Settings, resolve_path
-from jobs.tracking import job
+from jobs.infra import tables
+from jobs.infra.config import IngestSettings, Settings, resolve_path
+from jobs.infra.tracking import job
 from schemas import chains as C
 from schemas import quarantine as Q
+
+log = logging.getLogger(__name__)
 
 RAW = "raw"
 REPLACEMENT_CHAR = "\ufffd"  # what make_valid_utf8 leaves for undecodable bytes
@@ -125,12 +127,6 @@ def _metadata(value: Any) -> dict[str, str] | None:
     return {str(k): v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for k, v in value.items()}
 
 
-def content_hash(record: Mapping[str, Any]) -> str:
-    """sha256 over what defines a chain; the id of chains that come without one."""
-    keyed = {k: record.get(k) for k in (C.CONTEXT, C.QUESTION, C.STEPS, C.CHAIN_TEXT, C.ANSWER)}
-    return hashlib.sha256(json.dumps(keyed, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-
-
 def validate(raw: str | None, cfg: IngestSettings) -> dict[str, Any]:
     """One raw row -> a chains record, or a RowError. Pure Python: the contract of ingest."""
     if raw is None or not raw.strip():
@@ -167,7 +163,7 @@ def validate(raw: str | None, cfg: IngestSettings) -> dict[str, Any]:
     total = sum(len(s) for s in record[C.STEPS] or []) + len(record[C.CHAIN_TEXT] or "")
     if total > limit:
         raise RowError("oversized", f"the chain has {total} characters (limit {limit})")
-    record[C.CONTENT_HASH] = content_hash(record)
+    record[C.CONTENT_HASH] = C.content_hash(record)
     given = _lookup(row, m.get("chain_id"))
     if given is not None and (isinstance(given, bool) or not isinstance(given, (str, int))):
         raise RowError("wrong_type", f"field 'chain_id' must be text, got {type(given).__name__}")
@@ -312,37 +308,38 @@ def transform(
 def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> dict[str, int]:
     """Ingest into the lake; returns the reconciled counts."""
     # Cached after validation: the good and the bad branch (and every count) reuse one verdict per row.
-    raw = check(read_raw(spark, settings.ingest), settings.ingest, settings.runtime.on_row_error).cache()
-    n_read = raw.count()
-    chains, rejected = transform(raw, settings.ingest, settings.runtime.on_row_error)
-    chains = chains.cache()
-    path = settings.table("chains")
-    existing = tables.read(spark, path, C.SCHEMA).select(C.CHAIN_ID, F.col(C.CONTENT_HASH).alias("_old"))
-    # Same id already in the table with other content: never overwrite a scored chain silently.
-    joined = chains.join(existing, C.CHAIN_ID, "left")
-    conflicts = joined.where(F.col("_old").isNotNull() & (F.col("_old") != F.col(C.CONTENT_HASH)))
-    present = joined.where(F.col("_old").isNotNull() & (F.col("_old") == F.col(C.CONTENT_HASH)))
-    fresh = joined.where(F.col("_old").isNull()).drop("_old")
-    conflict_rows = tables.quarantine_rows(
-        conflicts.drop("_old"),
-        "ingest",
-        "chain_id_conflict",
-        F.concat(F.lit("chain_id "), F.col(C.CHAIN_ID), F.lit(" is already in `chains` with other content")),
-        chain_id=F.col(C.CHAIN_ID),
-        source=F.col(C.SOURCE),
-        run_id=run_id,
-    )
-    rejected = rejected.withColumn(Q.RUN_ID, F.lit(run_id).cast("string")).unionByName(conflict_rows).cache()
-    counts = {
-        "read": n_read,
-        "valid": chains.count(),
-        "already_present": present.count(),
-        "quarantined": rejected.count(),
-    }
-    counts["inserted"] = tables.insert_new(spark, fresh, path, C.SCHEMA, [C.CHAIN_ID])
-    tables.append_quarantine(spark, settings, rejected)
-    counts["reconciled"] = int(counts["read"] == counts["inserted"] + counts["already_present"] + counts["quarantined"])
-    raw.unpersist()
+    with tables.Held() as hold:
+        raw = hold(check(read_raw(spark, settings.ingest), settings.ingest, settings.runtime.on_row_error))
+        n_read = raw.count()
+        chains, rejected = transform(raw, settings.ingest, settings.runtime.on_row_error)
+        chains = hold(chains)
+        path = settings.table("chains")
+        existing = tables.read(spark, path, C.SCHEMA).select(C.CHAIN_ID, F.col(C.CONTENT_HASH).alias("_old"))
+        # Same id already in the table with other content: never overwrite a scored chain silently.
+        joined = chains.join(existing, C.CHAIN_ID, "left")
+        conflicts = joined.where(F.col("_old").isNotNull() & (F.col("_old") != F.col(C.CONTENT_HASH)))
+        present = joined.where(F.col("_old").isNotNull() & (F.col("_old") == F.col(C.CONTENT_HASH)))
+        fresh = joined.where(F.col("_old").isNull()).drop("_old")
+        conflict_rows = tables.quarantine_rows(
+            conflicts.drop("_old"),
+            "ingest",
+            "chain_id_conflict",
+            F.concat(F.lit("chain_id "), F.col(C.CHAIN_ID), F.lit(" is already in `chains` with other content")),
+            chain_id=F.col(C.CHAIN_ID),
+            source=F.col(C.SOURCE),
+            run_id=run_id,
+        )
+        rejected = rejected.withColumn(Q.RUN_ID, F.lit(run_id).cast("string")).unionByName(conflict_rows)
+        rejected = hold(rejected)
+        counts = {
+            "read": n_read,
+            "valid": chains.count(),
+            "already_present": present.count(),
+            "quarantined": rejected.count(),
+        }
+        counts["inserted"] = tables.insert_new(spark, fresh, path, C.SCHEMA, [C.CHAIN_ID])
+        tables.append_quarantine(spark, settings, rejected)
+        counts["reconciled"] = int(counts["read"] == counts["inserted"] + counts["already_present"] + counts["quarantined"])
     return counts
 
 
@@ -363,7 +360,7 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
         tracked.set_tags(
             {"input": settings.ingest.input, "chains_version_before": before, "chains_version_after": after}
         )
-        print(
+        log.info(
             f"[ingest] read={counts['read']} inserted={counts['inserted']} "
             f"already_present={counts['already_present']} quarantined={counts['quarantined']} "
             f"-> {settings.table('chains')} (version {after})"

@@ -9,6 +9,7 @@ whole batch, and failed steps go to `quarantine` (stage "nli") when runtime.on_r
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +18,14 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from jobs import tables
-from jobs.config import ModelRef, NliSettings, Settings
-from jobs.tracking import job
+from jobs.infra import tables
+from jobs.infra.config import ModelRef, NliSettings, Settings
+from jobs.infra.tracking import job
 from schemas import step_scores as SS
 from schemas import steps as S
 from udfs import nli, runtime
+
+log = logging.getLogger(__name__)
 
 KEYS = [S.CHAIN_ID, S.CONFIG_HASH, S.STEP_IDX]
 PREMISE = "premise"
@@ -272,45 +275,44 @@ def run(
     sent = spark.sparkContext.accumulator(0)
     p = plan(steps, contexts, settings, predict, (sent,))
     # The model runs once: the distinct scored pairs are cached and both counts and scores read them.
-    scored = p.scored.cache()
-    pairs_distinct = scored.count()
-    result = step_scores(p.premises, p.pairs, scored).cache()
-    counts = {
-        "steps": result.count(),
-        "pairs": p.pairs.count(),
-        "pairs_distinct": pairs_distinct,
-        "pairs_sent": int(sent.value),
-        "pairs_truncated": scored.where(F.col(nli.TRUNCATED)).count(),
-    }
-    good = result.where(F.col(ERROR).isNull()).select(
-        *result.columns, F.lit(ref.path).alias(SS.NLI_MODEL), F.lit(revision).cast("string").alias(SS.NLI_REVISION)
-    )
-    bad = result.where(F.col(ERROR).isNotNull())
-    counts["steps_scored"] = good.count()
-    counts["steps_quarantined"] = bad.count()
-    tables.merge_columns(
-        spark,
-        good,
-        settings.table("step_scores"),
-        SS.SCHEMA,
-        keys=[SS.CHAIN_ID, SS.STEP_IDX, SS.CONFIG_HASH],
-        columns=[*NLI_COLUMNS, SS.NLI_MODEL, SS.NLI_REVISION],
-    )
-    if counts["steps_quarantined"]:
-        rows = tables.quarantine_rows(
-            bad,
-            "nli",
-            "scoring_error",
-            F.col(ERROR),
-            chain_id=F.col(S.CHAIN_ID),
-            raw=F.to_json(F.struct(S.CHAIN_ID, S.STEP_IDX, S.CONFIG_HASH)),
-            source=settings.table("steps"),
-            run_id=run_id,
+    with tables.Held() as hold:
+        scored = hold(p.scored)
+        pairs_distinct = scored.count()
+        result = hold(step_scores(p.premises, p.pairs, scored))
+        counts = {
+            "steps": result.count(),
+            "pairs": p.pairs.count(),
+            "pairs_distinct": pairs_distinct,
+            "pairs_sent": int(sent.value),
+            "pairs_truncated": scored.where(F.col(nli.TRUNCATED)).count(),
+        }
+        good = result.where(F.col(ERROR).isNull()).select(
+            *result.columns, F.lit(ref.path).alias(SS.NLI_MODEL), F.lit(revision).cast("string").alias(SS.NLI_REVISION)
         )
-        tables.append_quarantine(spark, settings, rows)
-    counts["reconciled"] = int(counts["steps"] == counts["steps_scored"] + counts["steps_quarantined"])
-    result.unpersist()
-    scored.unpersist()
+        bad = result.where(F.col(ERROR).isNotNull())
+        counts["steps_scored"] = good.count()
+        counts["steps_quarantined"] = bad.count()
+        tables.merge_columns(
+            spark,
+            good,
+            settings.table("step_scores"),
+            SS.SCHEMA,
+            keys=[SS.CHAIN_ID, SS.STEP_IDX, SS.CONFIG_HASH],
+            columns=[*NLI_COLUMNS, SS.NLI_MODEL, SS.NLI_REVISION],
+        )
+        if counts["steps_quarantined"]:
+            rows = tables.quarantine_rows(
+                bad,
+                "nli",
+                "scoring_error",
+                F.col(ERROR),
+                chain_id=F.col(S.CHAIN_ID),
+                raw=F.to_json(F.struct(S.CHAIN_ID, S.STEP_IDX, S.CONFIG_HASH)),
+                source=settings.table("steps"),
+                run_id=run_id,
+            )
+            tables.append_quarantine(spark, settings, rows)
+        counts["reconciled"] = int(counts["steps"] == counts["steps_scored"] + counts["steps_quarantined"])
     return counts
 
 
@@ -319,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, int]:
         counts = run(spark, settings, tracked.local_id)
         tracked.log_metrics({f"nli_{k}": v for k, v in counts.items()})
         tracked.set_tags({"nli_model": settings.models.nli.path})
-        print(
+        log.info(
             f"[nli_scores] steps={counts['steps']} scored={counts['steps_scored']} "
             f"quarantined={counts['steps_quarantined']} pairs={counts['pairs']} "
             f"distinct={counts['pairs_distinct']} sent={counts['pairs_sent']} "

@@ -10,9 +10,9 @@ missing work and ends with the rows a clean run writes. One MLflow parent run, o
 
 from __future__ import annotations
 
+import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,9 +23,11 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs import tables
-from jobs.config import Settings, resolve_path
-from jobs.tracking import JobRun, tracking_uri
+from jobs.infra import maintain, tables
+from jobs.infra.config import Settings, resolve_path
+from jobs.infra.maintain import RUN_METADATA
+from jobs.infra.progress import Progress, bar_wanted
+from jobs.infra.tracking import JobRun, tracking_uri
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import pipeline as P
@@ -38,20 +40,20 @@ ScoreFn = Callable[[DataFrame, DataFrame, Settings], DataFrame]
 AggregateFn = Callable[[DataFrame, Settings], DataFrame]
 
 # Tables that hold rows per config hash: what `pipeline.rescore` clears for the current hash.
+log = logging.getLogger(__name__)
+
 HASHED_TABLES = ["steps", "contexts", "step_scores", "chain_scores", "unscored", "curation", "curated", "rejected"]
 ALL_TABLES = ["chains", "quarantine", "input_files", *HASHED_TABLES]
 
 
 # -- the stage functions (the real ones are imported when first used, so fakes can stand in) -------------
 def _steps(chains: DataFrame, settings: Settings) -> tuple[DataFrame, DataFrame, DataFrame]:
-    from jobs import steps
-
+    from jobs.receval import steps
     return steps.transform(chains, settings)
 
 
 def _aggregate(step_scores: DataFrame, settings: Settings) -> DataFrame:
-    from jobs import aggregate
-
+    from jobs.receval import aggregate
     return aggregate.transform(step_scores, settings)
 
 
@@ -89,17 +91,21 @@ class Context:
 # -- chain stages --------------------------------------------------------------------------------------
 def _steps_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
     chains = ctx.read("chains", C.SCHEMA).join(ids, C.CHAIN_ID, "left_semi")
-    if ctx.transforms.steps is _steps:
-        from jobs import steps as steps_job
+    # The batch's frames are released when it is committed (or fails): nothing piles up over a night.
+    with tables.Held() as hold:
+        if ctx.transforms.steps is _steps:
+            from jobs.receval import steps as steps_job
 
-        # The three outputs share one spaCy pass; holding the handle lets each batch free its cache.
-        extracted = steps_job.extract(chains, ctx.settings).persist()
-        steps, contexts, bad = steps_job.split(extracted, ctx.settings)
-    else:
-        extracted = None
-        steps, contexts, bad = ctx.transforms.steps(chains, ctx.settings)
-        steps, contexts = steps.persist(), contexts.persist()
-    counts = {
+            # The three outputs share one spaCy pass.
+            steps, contexts, bad = steps_job.transform(chains, ctx.settings, hold)
+        else:
+            steps, contexts, bad = ctx.transforms.steps(chains, ctx.settings)
+            steps, contexts = hold(steps), hold(contexts)
+        return _write_steps(ctx, steps, contexts, bad)
+
+
+def _write_steps(ctx: Context, steps: DataFrame, contexts: DataFrame, bad: DataFrame) -> dict[str, int]:
+    return {
         "steps": tables.insert_new(
             ctx.spark, steps, ctx.table("steps"), ST.SCHEMA, [ST.CHAIN_ID, ST.CONFIG_HASH, ST.STEP_IDX]
         ),
@@ -109,10 +115,6 @@ def _steps_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
             ctx.spark, contexts, ctx.table("contexts"), ST.CONTEXTS_SCHEMA, [ST.CHAIN_ID, ST.CONFIG_HASH]
         ),
     }
-    for df in (extracted, steps, contexts):
-        if df is not None:
-            df.unpersist()
-    return counts
 
 
 def _quarantine(ctx: Context, rows: DataFrame) -> int:
@@ -123,8 +125,7 @@ def _quarantine(ctx: Context, rows: DataFrame) -> int:
 
 
 def _scores_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
-    from jobs import score
-
+    from jobs.receval import score
     steps = ctx.hashed("steps", ST.SCHEMA).join(ids, ST.CHAIN_ID, "left_semi")
     contexts = ctx.hashed("contexts", ST.CONTEXTS_SCHEMA).join(ids, ST.CHAIN_ID, "left_semi")
     return score.run(
@@ -152,12 +153,16 @@ class ChainStage:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     process: Callable[[Context, DataFrame], dict[str, int]]
+    # Rows the executors count (jobs.infra.progress.counted) for a batch of chain ids; None: one per chain.
+    rows: Callable[[Context, DataFrame], int] | None = None
 
 
 CHAIN_STAGES = [
     ChainStage("steps", "chains", "contexts", ("chains",), ("steps", "contexts", "quarantine"), _steps_stage),
     ChainStage(
-        "scores", "contexts", "step_scores", ("steps", "contexts"), ("step_scores", "quarantine"), _scores_stage
+        "scores", "contexts", "step_scores", ("steps", "contexts"), ("step_scores", "quarantine"), _scores_stage,
+        # Scoring counts finished steps: a batch's share done is its steps scored over its steps.
+        lambda ctx, ids: ctx.hashed("steps", ST.SCHEMA).join(ids, ST.CHAIN_ID, "left_semi").count(),
     ),
     ChainStage("aggregate", "step_scores", "chain_scores", ("step_scores",), ("chain_scores",), _aggregate_stage),
 ]
@@ -197,52 +202,7 @@ def _record_unscored(ctx: Context, stage: ChainStage, ids: DataFrame) -> int:
     return tables.insert_new(ctx.spark, rows, ctx.table("unscored"), P.UNSCORED_SCHEMA, P.UNSCORED_KEYS)
 
 
-# -- progress and reporting ----------------------------------------------------------------------------
-class Progress:
-    """Driver-side progress of one stage: chains done / total and rate (rich bar on a terminal, else lines)."""
-
-    def __init__(self, stage: str, total: int, mode: str = "auto") -> None:
-        self.stage, self.total, self.done = stage, total, 0
-        self.started = time.time()
-        use_rich = mode == "rich" or (mode == "auto" and sys.stdout.isatty())
-        self._bar = None
-        if use_rich and total:
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-            from rich.progress import Progress as Bar
-
-            self._bar = Bar(
-                TextColumn(f"[pipeline] {stage}"), BarColumn(), MofNCompleteColumn(), TextColumn("chains"),
-                TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-            )
-            self._task = self._bar.add_task(stage, total=total, rate="")
-            self._bar.start()
-        else:
-            self._line(f"{total} chains to do")
-
-    def _line(self, text: str) -> None:
-        print(f"[pipeline] {self.stage}: {text}", flush=True)
-
-    @property
-    def rate(self) -> float:
-        elapsed = time.time() - self.started
-        return self.done / elapsed if elapsed > 0 else 0.0
-
-    def advance(self, n: int, batch: int, batches: int) -> None:
-        self.done += n
-        if self._bar is not None:
-            self._bar.update(self._task, completed=self.done, rate=f"{self.rate:.3g}/s")
-        else:
-            pct = 100.0 * self.done / self.total if self.total else 100.0
-            self._line(
-                f"batch {batch}/{batches} committed, {self.done}/{self.total} chains ({pct:.0f}%), "
-                f"{self.rate:.3g} chains/s"
-            )
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
+# -- reporting -----------------------------------------------------------------------------------------
 @dataclass
 class StageReport:
     name: str
@@ -267,6 +227,7 @@ class Summary:
     versions_after: dict[str, int | None] = field(default_factory=dict)
     curation: Any = None  # curate.CurationResult
     report_html: str | None = None
+    report_file: str | None = None
     mlflow_run_id: str | None = None
 
     @property
@@ -291,7 +252,7 @@ def _table_state(spark: SparkSession, settings: Settings) -> tuple[dict[str, int
 # -- ingest with input-file bookkeeping ----------------------------------------------------------------
 def input_fingerprints(settings: Settings) -> list[tuple[str, int, int]]:
     """(path, size, mtime_ns) of every input file; a Delta input table by its latest log entry."""
-    from jobs.ingest import input_files
+    from jobs.receval.ingest import input_files
 
     out = []
     for path in input_files(settings.ingest.input):
@@ -307,8 +268,7 @@ def input_fingerprints(settings: Settings) -> list[tuple[str, int, int]]:
 
 
 def _ingest(ctx: Context, report: StageReport) -> None:
-    from jobs import ingest
-
+    from jobs.receval import ingest
     files = input_fingerprints(ctx.settings)
     seen_path = ctx.table("input_files")
     seen = {
@@ -322,9 +282,9 @@ def _ingest(ctx: Context, report: StageReport) -> None:
     report.counts["new_input_files"] = len(new)
     if ctx.settings.pipeline.skip_unchanged_input and not new and tables.exists(ctx.spark, ctx.table("chains")):
         report.skipped = True
-        print(f"[pipeline] ingest: no new or changed input files in {ctx.settings.ingest.input}, skipped", flush=True)
+        log.info(f"[pipeline] ingest: no new or changed input files in {ctx.settings.ingest.input}, skipped")
         return
-    print(f"[pipeline] ingest: {len(new)} new or changed of {len(files)} input files", flush=True)
+    log.info(f"[pipeline] ingest: {len(new)} new or changed of {len(files)} input files")
     counts = ingest.run(ctx.spark, ctx.settings, ctx.run_id)
     if not counts.get("reconciled", 1):
         raise RuntimeError(f"ingest counts do not reconcile: {counts}")
@@ -336,14 +296,13 @@ def _ingest(ctx: Context, report: StageReport) -> None:
         "path string, size long, modified_ns long, run_id string",
     ).withColumn(P.SEEN_AT, F.current_timestamp())
     tables.insert_new(ctx.spark, rows, seen_path, P.INPUT_FILES_SCHEMA, P.INPUT_FILES_KEYS)
-    print(
+    log.info(
         f"[pipeline] ingest: read={counts.get('read')} new chains={counts.get('inserted')} "
-        f"already present={counts.get('already_present')} quarantined={counts.get('quarantined')}",
-        flush=True,
+        f"already present={counts.get('already_present')} quarantined={counts.get('quarantined')}"
     )
 
 
-def _run_chain_stage(ctx: Context, stage: ChainStage, report: StageReport) -> None:
+def _run_chain_stage(ctx: Context, stage: ChainStage, report: StageReport, tracked: JobRun | None = None) -> None:
     batch = ctx.settings.pipeline.batch_chains
     pending = todo(ctx, stage)
     total = pending.count()
@@ -352,20 +311,28 @@ def _run_chain_stage(ctx: Context, stage: ChainStage, report: StageReport) -> No
     # eviction, a rerun) puts every remaining chain in the same batch as before.
     pending = pending.withColumn("_batch", F.pmod(F.xxhash64(C.CHAIN_ID), F.lit(batches))).persist()
     sizes = dict(pending.groupBy("_batch").count().collect()) if total else {}
-    progress = Progress(stage.name, total, ctx.settings.pipeline.progress)
+    bar = bar_wanted(ctx.settings.pipeline.progress)
     try:
-        for b in range(batches):
-            n = int(sizes.get(b, 0))
-            if n == 0:
-                continue
-            ids = pending.where(F.col("_batch") == b).select(C.CHAIN_ID)
-            counts = stage.process(ctx, ids)
-            counts["unscored"] = _record_unscored(ctx, stage, ids)
-            for key, value in counts.items():
-                report.counts[key] = report.counts.get(key, 0) + value
-            progress.advance(n, b + 1, batches)
+        with Progress(f"pipeline {stage.name}", total, "chains", ctx.settings.log.progress_seconds, ctx.spark,
+                      bar, log) as progress:
+            for b in range(batches):
+                n = int(sizes.get(b, 0))
+                if n == 0:
+                    continue
+                ids = pending.where(F.col("_batch") == b).select(C.CHAIN_ID)
+                progress.expect(n, stage.rows(ctx, ids) if stage.rows is not None else n)
+                counts = stage.process(ctx, ids)
+                counts["unscored"] = _record_unscored(ctx, stage, ids)
+                for key, value in counts.items():
+                    report.counts[key] = report.counts.get(key, 0) + value
+                progress.commit(n)
+                log.info("[pipeline] %s: batch %d/%d committed, %d/%d chains (%.0f%%), %.3g chains/s", stage.name,
+                         b + 1, batches, progress.committed, total, 100.0 * progress.committed / total, progress.rate)
+                if tracked is not None:
+                    # One step per committed batch: the run shows the night's progress while it runs.
+                    tracked.log_metrics({"chains_done": progress.committed, "chains_per_s": progress.rate,
+                                         **{f"total.{k}": v for k, v in report.counts.items()}}, step=b + 1)
     finally:
-        progress.close()
         pending.unpersist()
     report.chains = total
 
@@ -380,7 +347,7 @@ def rescore(ctx: Context) -> dict[str, int]:
             if before:
                 DeltaTable.forPath(ctx.spark, path).delete(F.col("config_hash") == ctx.config_hash)
             deleted[name] = before
-    print(f"[pipeline] rescore: deleted rows of config hash {ctx.config_hash}: {deleted}", flush=True)
+    log.info(f"[pipeline] rescore: deleted rows of config hash {ctx.config_hash}: {deleted}")
     return deleted
 
 
@@ -395,32 +362,57 @@ def run(
     transforms: Transforms | None = None,
 ) -> Summary:
     """Run the configured stages on what is new; returns the summary (also logged to `tracked`)."""
+    from jobs.infra.logs import setup_logging
+
+    setup_logging(settings.log.level)
     ctx = Context(spark, settings, tracked.local_id, transforms or Transforms())
+    # Every Delta commit of this run carries its id: `python -m jobs.infra.maintain restore --run ID` finds the
+    # versions before a bad night from the tables' own history.
+    previous = spark.conf.get(RUN_METADATA, None)
+    spark.conf.set(RUN_METADATA, ctx.run_id)
+    try:
+        return _run(ctx, tracked)
+    finally:
+        tables.release_table_state(spark)
+        if previous is None:
+            spark.conf.unset(RUN_METADATA)
+        else:
+            spark.conf.set(RUN_METADATA, previous)
+
+
+def _run(ctx: Context, tracked: JobRun) -> Summary:
+    spark, settings = ctx.spark, ctx.settings
     summary = Summary(run_id=ctx.run_id, config_hash=ctx.config_hash)
     summary.rows_before, summary.versions_before = _table_state(spark, settings)
     wanted = settings.pipeline.stages
-    print(
-        f"[pipeline] config hash {ctx.config_hash}, run {ctx.run_id}, lake {resolve_path(settings.paths.lake)}",
-        flush=True,
-    )
+    log.info(f"[pipeline] config hash {ctx.config_hash}, run {ctx.run_id}, lake {resolve_path(settings.paths.lake)}")
     if settings.pipeline.rescore:
         tracked.log_metrics({f"rescore_deleted.{k}": v for k, v in rescore(ctx).items()})
-    plan: list[tuple[str, tuple[str, ...], tuple[str, ...], Callable[[StageReport], None]]] = []
+    plan: list[tuple[str, tuple[str, ...], tuple[str, ...], Callable[[StageReport, JobRun], None]]] = []
     if "ingest" in wanted:
-        plan.append(("ingest", ("input_files",), ("chains", "quarantine", "input_files"), lambda r: _ingest(ctx, r)))
+        plan.append(("ingest", ("input_files",), ("chains", "quarantine", "input_files"), lambda r, t: _ingest(ctx, r)))
     for stage in CHAIN_STAGES:
         if stage.name in wanted:
-            plan.append((stage.name, stage.inputs, stage.outputs, lambda r, s=stage: _run_chain_stage(ctx, s, r)))
+            plan.append(
+                (stage.name, stage.inputs, stage.outputs, lambda r, t, s=stage: _run_chain_stage(ctx, s, r, t))
+            )
     if "curate" in wanted:
-        plan.append(("curate", ("chain_scores",), ("curation", "curated", "rejected"), lambda r: _curate(ctx, r, summary)))
+        plan.append(
+            ("curate", ("chain_scores",), ("curation", "curated", "rejected"), lambda r, t: _curate(ctx, r, summary))
+        )
 
+    for table, v in summary.versions_before.items():
+        tracked.log_table(table, settings.table(table), v, "input")
     for name, inputs, outputs, body in plan:
         report = StageReport(name)
         child = tracked.child(name)
+        child.set_tags({"config_hash": ctx.config_hash, "pipeline_run": ctx.run_id})
         in_versions = _versions(spark, settings, inputs)
+        for table, v in in_versions.items():
+            child.log_table(table, settings.table(table), v, "input")
         out_before = _versions(spark, settings, outputs)
         started = time.time()
-        body(report)
+        body(report, child)
         report.seconds = time.time() - started
         out_after = _versions(spark, settings, outputs)
         summary.stages.append(report)
@@ -428,38 +420,47 @@ def run(
         child.set_tags({f"input_version.{k}": v for k, v in in_versions.items()})
         child.set_tags({f"output_version_before.{k}": v for k, v in out_before.items()})
         child.set_tags({f"output_version_after.{k}": v for k, v in out_after.items()})
-        child.set_tags({"config_hash": ctx.config_hash, "skipped": report.skipped, "pipeline_run": ctx.run_id})
+        child.set_tags({"skipped": report.skipped})
+        for table, v in out_after.items():
+            if v != out_before.get(table):
+                child.log_table(table, settings.table(table), v, "output")
         if name == "curate" and summary.curation is not None:
-            from jobs import curate
-
+            from jobs.receval import curate
             curate.log(summary.curation, child)
-        print(f"[pipeline] {name}: done in {report.seconds:.1f} s", flush=True)
+        child.end("FINISHED")
+        log.info(f"[pipeline] {name}: done in {report.seconds:.1f} s")
 
     summary.rows_after, summary.versions_after = _table_state(spark, settings)
+    for table, v in summary.versions_after.items():
+        if v != summary.versions_before.get(table):
+            tracked.log_table(table, settings.table(table), v, "output")
     if "report" in wanted:
-        from jobs import report as report_mod
-
+        from jobs.receval import report as report_mod
         started = time.time()
         summary.report_html = report_mod.build(spark, settings, summary)
         tracked.log_text("report/pipeline_report.html", summary.report_html)
+        # Also next to the lake: the report is there when MLflow is off or unreachable.
+        summary.report_file = report_mod.save(settings, ctx.run_id, summary.report_html)
+        log.info(f"[pipeline] report: {summary.report_file}")
         summary.stages.append(StageReport("report", seconds=time.time() - started))
     _log_summary(summary, tracked)
+    maintained = maintain.night_done(spark, settings)
+    if maintained:
+        tracked.log_metrics({f"maintain.files_after.{k}": v["files_after"] for k, v in maintained.items()})
     return summary
 
 
 def _curate(ctx: Context, report: StageReport, summary: Summary) -> None:
-    from jobs import curate
-
+    from jobs.receval import curate
     result = curate.run(ctx.spark, ctx.settings, ctx.run_id)
     summary.curation = result
     report.chains = result.counts["batch"]
     report.counts.update({k: float(v) for k, v in result.counts.items()})
     if not result.counts["reconciled"]:
         raise RuntimeError(f"curation counts do not reconcile: {result.counts}")
-    print(
+    log.info(
         f"[pipeline] curate: {result.counts['batch']} chains, passed {result.counts['run_passed']}, "
-        f"failed {result.counts['run_failed']}",
-        flush=True,
+        f"failed {result.counts['run_failed']}"
     )
 
 
@@ -527,24 +528,83 @@ def print_summary(summary: Summary, settings: Settings) -> None:
         f"slowest stage: {slowest.name} ({slowest.seconds:.1f} s)" if slowest else "slowest stage: -",
         f"Delta tables: {resolve_path(settings.paths.lake)}",
         f"MLflow: {mlflow_location(settings, summary.mlflow_run_id)}",
+        *([f"report: {summary.report_file}"] if summary.report_file else []),
     ]
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None, transforms: Transforms | None = None) -> Summary:
-    from jobs.session import build_session
-    from jobs.tracking import job_run
+    from jobs.infra.session import build_session
+    from jobs.infra.tracking import job_run
 
-    settings, _ = tables.job_args(__doc__ or "pipeline", argv)
+    settings, args = tables.job_args(__doc__ or "pipeline", argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _check_models(settings, transforms)
     spark = build_session(settings.spark)
+    if args.dry_run:
+        print(dry_run(spark, settings))
+        raise SystemExit(0)
     with job_run(settings, "pipeline") as tracked:
         summary = run(spark, settings, tracked, transforms)
     summary.mlflow_run_id = tracked.run_id
     print_summary(summary, settings)
     return summary
+
+
+def _new_chains(spark: SparkSession, settings: Settings) -> int:
+    """Chains ingest would add: the input validated and compared with `chains`, nothing written."""
+    from jobs.receval import ingest
+
+    raw = ingest.check(ingest.read_raw(spark, settings.ingest), settings.ingest, settings.runtime.on_row_error)
+    chains, _ = ingest.transform(raw, settings.ingest, settings.runtime.on_row_error)
+    existing = tables.read(spark, settings.table("chains"), C.SCHEMA).select(C.CHAIN_ID)
+    return chains.join(existing, C.CHAIN_ID, "left_anti").count()
+
+
+def dry_run(spark: SparkSession, settings: Settings) -> str:
+    """Per stage: what it would read (tables, versions), how many chains it would do, what it would write.
+
+    Reads Delta logs, counts rows and validates the input files; writes nothing and starts no MLflow run.
+    A stage's count is what waits for it now plus what the stages before it would hand on tonight.
+    """
+    from jobs.infra.lineage import table_line
+
+    ctx = Context(spark, settings, "dry-run", Transforms())
+    wanted = settings.pipeline.stages
+    lines = [f"[dry-run] pipeline, config hash {ctx.config_hash}: nothing is written; no MLflow run is created"]
+    if settings.pipeline.rescore:
+        lines.append(f"rescore: would delete every row of config hash {ctx.config_hash} from {', '.join(HASHED_TABLES)}")
+    handed_on = 0
+    if "ingest" in wanted:
+        files = input_fingerprints(settings)
+        seen = {tuple(r) for r in tables.read(spark, ctx.table("input_files"), P.INPUT_FILES_SCHEMA)
+                .select(P.PATH, P.SIZE, P.MODIFIED_NS).collect()}
+        new = [f for f in files if f not in seen]
+        lines.append(f"ingest: reads {len(files)} input files ({len(new)} new or changed) matching {settings.ingest.input}")
+        if settings.pipeline.skip_unchanged_input and not new and tables.exists(spark, ctx.table("chains")):
+            lines.append("  would skip: no new or changed input files")
+        else:
+            handed_on = _new_chains(spark, settings)
+            lines.append(f"  would add {handed_on} chains")
+        lines += [f"  writes {table_line(spark, settings, t)}" for t in ("chains", "quarantine", "input_files")]
+    for stage in CHAIN_STAGES:
+        if stage.name not in wanted:
+            continue
+        waiting = todo(ctx, stage).count()
+        lines.append(f"{stage.name}: would do {waiting + handed_on} chains ({waiting} waiting now, up to "
+                     f"{handed_on} from the stages before)")
+        lines += [f"  reads  {table_line(spark, settings, t)}" for t in stage.inputs]
+        lines += [f"  writes {table_line(spark, settings, t)}" for t in stage.outputs]
+        handed_on += waiting
+    if "curate" in wanted:
+        lines.append(f"curate: would decide up to {handed_on} newly scored chains plus any the current rules "
+                     "have not decided")
+        lines += [f"  reads  {table_line(spark, settings, 'chain_scores')}"]
+        lines += [f"  writes {table_line(spark, settings, t)}" for t in ("curation", "curated", "rejected")]
+    if "report" in wanted:
+        lines.append("report: would write the nightly report (MLflow artifact and <lake>/_reports/)")
+    return "\n".join(lines)
 
 
 def _check_models(settings: Settings, transforms: Transforms | None) -> None:

@@ -1,6 +1,6 @@
 """`steps` + `contexts` -> PVI columns of `step_scores` (intra_pvi, info_gain and their parts); failures -> `quarantine`.
 
-Per chain of n steps the job asks the LMs for three kinds of target log-likelihoods (RECEVAL.md "Scores per
+Per chain of n steps the job asks the LMs for three kinds of target log-likelihoods (docs/design/RECEVAL.md "Scores per
 step i"; meanlogp = mean natural-log probability of the target tokens, EOS excluded):
 - g:    meanlogp_g(" " + conclusion | "Generate entailed sentence: " + " & ".join(premises + earlier
         conclusions) + " ->"), one per step;
@@ -17,6 +17,7 @@ the benchmark. All requests are deduplicated across the whole input before any m
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,13 +28,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from jobs import tables
-from jobs.config import ModelRef, Settings
+from jobs.infra import tables
+from jobs.infra.config import ModelRef, Settings
 from schemas import step_scores as SS
 from schemas import steps as ST
 from udfs import loglik
 
-ERROR = "error"  # null when every score of the step came back; read by jobs.score and `run`
+log = logging.getLogger(__name__)
+
+ERROR = "error"  # null when every score of the step came back; read by jobs.receval.score and `run`
 TRUNCATED = "pvi_truncated"  # some source of the step was cut to max_length
 STAGE = "pvi"
 
@@ -320,7 +323,7 @@ def run(spark: SparkSession, settings: Settings, job=None, scorer: Scorer | None
     counts = {"steps_in": n_in, "steps_scored": n_good, "steps_quarantined": n_bad, "steps_truncated": n_truncated}
     if n_in != n_good + n_bad:
         raise RuntimeError(f"PVI counts do not reconcile: {counts}")
-    print(f"[pvi_scores] {counts} in {time.time() - started:.1f}s")
+    log.info(f"[pvi_scores] {counts} in {time.time() - started:.1f}s")
     if job is not None:
         job.log_metrics({**counts, "pvi_seconds": time.time() - started})
         job.set_tags({"pvi_model": model_id(settings.models.pvi_g), "pvi_null_model": model_id(settings.models.pvi_null),
@@ -329,13 +332,10 @@ def run(spark: SparkSession, settings: Settings, job=None, scorer: Scorer | None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from jobs.session import build_session
-    from jobs.tracking import job_run
+    from jobs.infra.tracking import job as job_context
 
-    settings, _ = tables.job_args(__doc__.splitlines()[0], argv)
-    check_models(settings)
-    spark = build_session(settings.spark)
-    with job_run(settings, "pvi_scores") as job:
+    with job_context("pvi_scores", __doc__.splitlines()[0], argv) as (spark, settings, job):
+        check_models(settings)
         job.set_tags({"input_steps_version": tables.version(spark, settings.table("steps"))})
         run(spark, settings, job)
         job.set_tags({"output_step_scores_version": tables.version(spark, settings.table("step_scores"))})

@@ -1,4 +1,5 @@
-"""`chain_scores` + `step_scores` + `steps` + `chains` (one pipeline run) -> a self-contained HTML report for MLflow.
+"""`chain_scores` + `step_scores` + `steps` + `chains` + `quarantine` (one pipeline run) -> a self-contained HTML report
+for MLflow and `<lake>/_reports/`.
 
 Chains are untrusted model output: every piece of text goes through `html.escape`, images are inline
 base64 PNGs and the information-gain curves inline SVG built from numbers only, so the file opens offline
@@ -17,11 +18,12 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs import tables
-from jobs.config import Settings
+from jobs.infra import tables
+from jobs.infra.config import Settings
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import curation as CU
+from schemas import quarantine as Q
 from schemas import step_scores as SS
 from schemas import steps as ST
 
@@ -225,8 +227,11 @@ def render(
     scope_note: str,
     worst: dict[str, list[dict[str, Any]]],
     details: dict[str, dict[str, Any]],
+    quarantine: Sequence[Sequence[Any]] = (),
+    nights_png: bytes | None = None,
 ) -> str:
-    """The HTML page from plain values (no Spark): every text escaped."""
+    """The HTML page from plain values (no Spark): every text escaped. `quarantine`: (stage, reason, rows in
+    this run, rows in all); `nights_png`: the chain-score distributions night over night."""
     parts = [
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
         f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
@@ -265,6 +270,18 @@ def render(
             )
         parts.append("<h3>Score distributions (chain score = min over steps; dashed: rule bounds)</h3>")
         parts.extend(png_img(png, f"histogram of {m}") for m, png in curation.histograms.items())
+    parts.append("<h2>Quarantine by reason</h2>")
+    if quarantine:
+        parts.append(table(["stage", "reason", "this run", "all runs"], quarantine))
+    else:
+        parts.append('<p class="muted">The quarantine is empty.</p>')
+    parts.append("<h2>Chain scores night over night</h2>")
+    if nights_png is not None:
+        parts.append('<p class="muted">Per night (UTC date the chains were scored, this config hash): '
+                     "box 25-75 %, line median, whiskers 5-95 %.</p>")
+        parts.append(png_img(nights_png, "chain-score distributions per night"))
+    else:
+        parts.append('<p class="muted">No chains scored under this config hash yet.</p>')
     parts.append(f"<h2>Worst chains per metric</h2><p class=\"muted\">Scope: {esc(scope_note)}.</p>")
     for metric, rows in worst.items():
         parts.append(f"<h3>{esc(metric)}</h3>")
@@ -298,6 +315,8 @@ def build(spark: SparkSession, settings: Settings, summary: Any) -> str:
         for name in summary.rows_after
     ]
     stage_rows = [(s.name, s.chains, s.seconds, s.rate) for s in summary.stages]
+    config_hash = settings.scoring_hash()
+    all_scores = tables.read(spark, settings.table("chain_scores"), CS.SCHEMA).where(F.col(CS.CONFIG_HASH) == config_hash)
     return render(
         title="ReCEval nightly scoring report",
         meta=meta,
@@ -307,4 +326,72 @@ def build(spark: SparkSession, settings: Settings, summary: Any) -> str:
         scope_note=scope_note,
         worst=worst,
         details=details,
+        quarantine=quarantine_by_reason(spark, settings, summary.run_id),
+        nights_png=nights_png(night_quantiles(all_scores)),
     )
+
+
+def quarantine_by_reason(spark: SparkSession, settings: Settings, run_id: str) -> list[tuple[str, str, int, int]]:
+    """(stage, reason, rows this run quarantined, rows in the table), most frequent first."""
+    path = settings.table("quarantine")
+    if not tables.exists(spark, path):
+        return []
+    rows = (
+        tables.read(spark, path).groupBy(Q.STAGE, Q.REASON)
+        .agg(F.count(F.when(F.col(Q.RUN_ID) == run_id, 1)).alias("run"), F.count(F.lit(1)).alias("all"))
+        .orderBy(F.col("run").desc(), F.col("all").desc(), Q.STAGE, Q.REASON).collect()
+    )
+    return [(r[Q.STAGE], r[Q.REASON], int(r["run"]), int(r["all"])) for r in rows]
+
+
+QUANTILES = [0.05, 0.25, 0.5, 0.75, 0.95]
+
+
+def night_quantiles(scores: DataFrame, nights: int = 14) -> dict[str, list[tuple[str, list[float]]]]:
+    """metric -> [(night, its chain-score quantiles QUANTILES)] for the last `nights` nights (UTC scoring date)."""
+    night = F.date_format(F.col(CS.SCORED_AT), "yyyy-MM-dd").alias("night")
+    aggs = [F.percentile_approx(CS.min_col(m), QUANTILES).alias(m) for m in CS.METRIC_NAMES]
+    rows = scores.groupBy(night).agg(*aggs).orderBy(F.col("night").desc()).limit(nights).collect()
+    out: dict[str, list[tuple[str, list[float]]]] = {m: [] for m in CS.METRIC_NAMES}
+    for r in sorted(rows, key=lambda r: r["night"] or ""):
+        for m in CS.METRIC_NAMES:
+            if r["night"] is not None and r[m] is not None:
+                out[m].append((r["night"], [float(v) for v in r[m]]))
+    return out
+
+
+def nights_png(quantiles: dict[str, list[tuple[str, list[float]]]]) -> bytes | None:
+    """One box per night and metric from precomputed quantiles (matplotlib's bxp; no raw scores needed)."""
+    if not any(quantiles.values()):
+        return None
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(quantiles), figsize=(4 * len(quantiles), 3), squeeze=False)
+    for ax, (metric, per_night) in zip(axes[0], quantiles.items(), strict=True):
+        stats = [{"label": n[5:], "whislo": q[0], "q1": q[1], "med": q[2], "q3": q[3], "whishi": q[4], "fliers": []}
+                 for n, q in per_night]
+        if stats:
+            ax.bxp(stats, showfliers=False)
+        ax.set_title(f"{metric} (chain min)", fontsize=9)
+        ax.tick_params(axis="x", labelrotation=45, labelsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def save(settings: Settings, run_id: str, html_text: str) -> str:
+    """The report next to the lake (`<lake>/_reports/`), readable without MLflow."""
+    from jobs.infra.config import resolve_path
+
+    folder = resolve_path(settings.paths.lake) / "_reports"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{time.strftime('%Y%m%dT%H%M%S')}_{run_id}.html"
+    path.write_text(html_text)
+    return str(path)

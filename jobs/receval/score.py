@@ -12,8 +12,9 @@ from collections.abc import Callable
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from jobs import tables
-from jobs.config import Settings
+from jobs.infra import tables
+from jobs.infra.config import Settings
+from jobs.infra.progress import counted
 from schemas import step_scores as SS
 from schemas import steps as ST
 
@@ -25,20 +26,18 @@ ScoreFn = Callable[[DataFrame, DataFrame, Settings], DataFrame]
 
 
 def _nli(steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:
-    from jobs import nli_scores
-
+    from jobs.receval import nli_scores
     return nli_scores.transform(steps, contexts, settings)
 
 
 def _pvi(steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:
-    from jobs import pvi_scores
-
+    from jobs.receval import pvi_scores
     return pvi_scores.transform(steps, contexts, settings)
 
 
 def nli_revision(settings: Settings) -> str | None:
-    """The NLI model's revision: configured, else a fingerprint of the weights (jobs.nli_scores)."""
-    from jobs import nli_scores
+    """The NLI model's revision: configured, else a fingerprint of the weights (jobs.receval.nli_scores)."""
+    from jobs.receval import nli_scores
     from udfs.runtime import resolve_model_path
 
     ref = settings.models.nli
@@ -49,8 +48,7 @@ def _model_id(ref, real: bool) -> str:
     """The id the PVI job writes (path@revision) when the real transform ran; the configured path otherwise."""
     if not real:
         return ref.path
-    from jobs import pvi_scores
-
+    from jobs.receval import pvi_scores
     return pvi_scores.model_id(ref)
 
 
@@ -147,27 +145,27 @@ def run(
     replace: bool = False,
 ) -> dict[str, int]:
     """Score the given steps into `step_scores` (insert-only MERGE; `replace` upserts) and quarantine failures."""
-    if settings.runtime.on_row_error == "fail":
-        scored = score_steps(steps, contexts, settings, nli, pvi).persist()
-        first = scored.where(F.col(ERROR).isNotNull()).select(SS.CHAIN_ID, SS.STEP_IDX, ERROR).first()
-        if first is not None:
-            scored.unpersist()
-            raise RuntimeError(
-                f"scoring failed for chain {first[0]} step {first[1]}: {first[2]} "
-                "(runtime.on_row_error=fail; set it to quarantine to score the other rows)"
-            )
-    else:
-        scored = score_steps(steps, contexts, settings, nli, pvi).persist()
-    good, bad = split(scored, run_id)
-    path = settings.table("step_scores")
-    if replace:
-        tables.upsert(spark, good, path, SS.SCHEMA, KEYS)
-        written = good.count()
-    else:
-        written = tables.insert_new(spark, good, path, SS.SCHEMA, KEYS)
-    quarantined = bad.count()
-    if quarantined:
-        tables.append_quarantine(spark, settings, bad)
-    counts = {"steps": scored.count(), "written": written, "quarantined": quarantined}
-    scored.unpersist()
+    with tables.Held() as hold:
+        if settings.runtime.on_row_error == "fail":
+            scored = hold(counted(score_steps(steps, contexts, settings, nli, pvi)))
+            first = scored.where(F.col(ERROR).isNotNull()).select(SS.CHAIN_ID, SS.STEP_IDX, ERROR).first()
+            if first is not None:
+                raise RuntimeError(
+                    f"scoring failed for chain {first[0]} step {first[1]}: {first[2]} "
+                    "(runtime.on_row_error=fail; set it to quarantine to score the other rows)"
+                )
+        else:
+            # Counted as scored: the pipeline's progress moves per finished partition, inside a batch.
+            scored = hold(counted(score_steps(steps, contexts, settings, nli, pvi)))
+        good, bad = split(scored, run_id)
+        path = settings.table("step_scores")
+        if replace:
+            tables.upsert(spark, good, path, SS.SCHEMA, KEYS)
+            written = good.count()
+        else:
+            written = tables.insert_new(spark, good, path, SS.SCHEMA, KEYS)
+        quarantined = bad.count()
+        if quarantined:
+            tables.append_quarantine(spark, settings, bad)
+        counts = {"steps": scored.count(), "written": written, "quarantined": quarantined}
     return counts

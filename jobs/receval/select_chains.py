@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from jobs import tables
-from jobs.config import SelectSettings, Settings
-from jobs.tracking import job
+from jobs.infra import tables
+from jobs.infra.config import SelectSettings, Settings
+from jobs.infra.tracking import job
 from schemas import chain_scores as CS
 from schemas import chains as C
 
@@ -87,11 +87,14 @@ def _first(df: DataFrame, ordering: list[Column], method: str) -> DataFrame:
     )
 
 
-def picks(chains: DataFrame, chain_scores: DataFrame, settings: Settings) -> DataFrame:
-    """One row per (question, method): the chosen chain, its answer and whether it matches the gold answer."""
+def picks(chains: DataFrame, chain_scores: DataFrame, settings: Settings, hold: tables.Held | None = None) -> DataFrame:
+    """One row per (question, method): the chosen chain, its answer and whether it matches the gold answer.
+
+    With `hold`, the candidates (read by every method) are persisted until the holder releases them."""
     cfg = settings.select
     config_hash = cfg.config_hash or settings.scoring_hash()
-    cand = scored_candidates(chains, chain_scores, cfg, config_hash).cache()
+    cand = scored_candidates(chains, chain_scores, cfg, config_hash)
+    cand = hold(cand) if hold is not None else cand
     chosen = [_first(cand, [], GREEDY)]
     for criterion in cfg.criteria:
         chosen.append(_first(cand, [F.col(criterion).desc_nulls_last()], criterion))
@@ -113,7 +116,8 @@ def accuracy(chosen: DataFrame) -> DataFrame:
 def run(spark: SparkSession, settings: Settings) -> list[dict]:
     chains = tables.read(spark, settings.table("chains"), C.SCHEMA)
     scores = tables.read(spark, settings.table("chain_scores"), CS.SCHEMA)
-    return [r.asDict() for r in accuracy(picks(chains, scores, settings)).orderBy(C.DATASET, METHOD).collect()]
+    with tables.Held() as hold:
+        return [r.asDict() for r in accuracy(picks(chains, scores, settings, hold)).orderBy(C.DATASET, METHOD).collect()]
 
 
 def report(rows: list[dict]) -> str:

@@ -14,6 +14,7 @@ already contain it). One spaCy pass per Arrow batch (`nlp.pipe`), the pipeline l
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,13 +25,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, StringType, StructField, StructType
 
-from jobs import tables
-from jobs.config import Settings
-from jobs.session import build_session
-from jobs.tracking import job_run
+from jobs.infra import tables
+from jobs.infra.config import Settings
+from jobs.infra.progress import counted
+from jobs.infra.tracking import job
 from schemas import chains as C
 from schemas import steps as S
 from udfs import rcu
+
+log = logging.getLogger(__name__)
 
 STAGE = "steps"
 _INPUT = (C.CHAIN_ID, C.CONTEXT, C.QUESTION, C.STEPS, C.CHAIN_TEXT, C.ANSWER)
@@ -278,12 +281,17 @@ def split(extracted: DataFrame, settings: Settings) -> tuple[DataFrame, DataFram
     return tables.conform(steps, S.SCHEMA), tables.conform(contexts, S.CONTEXTS_SCHEMA), quarantined
 
 
-def transform(chains: DataFrame, settings: Settings) -> tuple[DataFrame, DataFrame, DataFrame]:
+def transform(
+    chains: DataFrame, settings: Settings, hold: tables.Held | None = None
+) -> tuple[DataFrame, DataFrame, DataFrame]:
     """chains -> (steps, contexts, quarantine rows). Pure: no table reads or writes.
 
-    The per-chain extraction is persisted (lazily) so the three outputs share one spaCy pass.
+    With `hold`, the per-chain extraction is persisted (lazily, released by the holder) so the three outputs
+    share one spaCy pass; without, each output reads the chains again.
     """
-    return split(extract(chains, settings).persist(), settings)
+    extracted = extract(chains, settings)
+    # Counted as it is extracted: the pipeline's progress moves per finished partition.
+    return split(hold(counted(extracted)) if hold is not None else extracted, settings)
 
 
 def run(spark: SparkSession, settings: Settings, chains: DataFrame | None = None, run_id: str | None = None) -> dict[str, int]:
@@ -298,34 +306,34 @@ def run(spark: SparkSession, settings: Settings, chains: DataFrame | None = None
         .select(C.CHAIN_ID)
     )
     todo = chains.join(done, C.CHAIN_ID, "left_anti")
-    extracted = extract(todo, settings).persist()
-    steps, contexts, quarantined = split(extracted, settings)
-    if run_id is not None:
-        quarantined = quarantined.withColumn("run_id", F.lit(run_id))
-    summary = extracted.agg(
-        F.count(F.lit(1)).alias("chains_in"),
-        F.sum(F.when(F.col("error").isNull(), 1).otherwise(0)).alias("chains_with_steps"),
-        F.sum(F.when(F.col("error").isNotNull(), 1).otherwise(0)).alias("quarantined"),
-        F.sum(F.when(F.col("error").isNull(), F.size("steps")).otherwise(0)).alias("expected_steps"),
-    ).first()
-    counts = {k: int(summary[k] or 0) for k in ("chains_in", "chains_with_steps", "quarantined", "expected_steps")}
-    counts["chains_total"] = chains.count()
-    counts["already_done"] = counts["chains_total"] - counts["chains_in"]
-    counts["steps_rows"] = steps.count()
-    counts["steps_inserted"] = tables.insert_new(
-        spark, steps, settings.table("steps"), S.SCHEMA, [S.CHAIN_ID, S.CONFIG_HASH, S.STEP_IDX]
-    )
-    counts["contexts_inserted"] = tables.insert_new(
-        spark, contexts, settings.table("contexts"), S.CONTEXTS_SCHEMA, [S.CHAIN_ID, S.CONFIG_HASH]
-    )
-    counts["quarantine_inserted"] = tables.append_quarantine(spark, settings, quarantined)
-    counts["reconciled"] = int(
-        counts["steps_rows"] == counts["expected_steps"]
-        and counts["chains_in"] == counts["chains_with_steps"] + counts["quarantined"]
-    )
-    counts["seconds"] = int(round(time.time() - started))
-    extracted.unpersist()
-    print(
+    with tables.Held() as hold:
+        extracted = hold(counted(extract(todo, settings)))
+        steps, contexts, quarantined = split(extracted, settings)
+        if run_id is not None:
+            quarantined = quarantined.withColumn("run_id", F.lit(run_id))
+        summary = extracted.agg(
+            F.count(F.lit(1)).alias("chains_in"),
+            F.sum(F.when(F.col("error").isNull(), 1).otherwise(0)).alias("chains_with_steps"),
+            F.sum(F.when(F.col("error").isNotNull(), 1).otherwise(0)).alias("quarantined"),
+            F.sum(F.when(F.col("error").isNull(), F.size("steps")).otherwise(0)).alias("expected_steps"),
+        ).first()
+        counts = {k: int(summary[k] or 0) for k in ("chains_in", "chains_with_steps", "quarantined", "expected_steps")}
+        counts["chains_total"] = chains.count()
+        counts["already_done"] = counts["chains_total"] - counts["chains_in"]
+        counts["steps_rows"] = steps.count()
+        counts["steps_inserted"] = tables.insert_new(
+            spark, steps, settings.table("steps"), S.SCHEMA, [S.CHAIN_ID, S.CONFIG_HASH, S.STEP_IDX]
+        )
+        counts["contexts_inserted"] = tables.insert_new(
+            spark, contexts, settings.table("contexts"), S.CONTEXTS_SCHEMA, [S.CHAIN_ID, S.CONFIG_HASH]
+        )
+        counts["quarantine_inserted"] = tables.append_quarantine(spark, settings, quarantined)
+        counts["reconciled"] = int(
+            counts["steps_rows"] == counts["expected_steps"]
+            and counts["chains_in"] == counts["chains_with_steps"] + counts["quarantined"]
+        )
+        counts["seconds"] = int(round(time.time() - started))
+    log.info(
         f"[steps] chains={counts['chains_total']} done_before={counts['already_done']} "
         f"exploded={counts['chains_with_steps']} quarantined={counts['quarantined']} "
         f"steps={counts['steps_rows']} (sum over chains {counts['expected_steps']}) "
@@ -335,9 +343,7 @@ def run(spark: SparkSession, settings: Settings, chains: DataFrame | None = None
 
 
 def main(argv: list[str] | None = None) -> dict[str, int]:
-    settings, _ = tables.job_args(__doc__ or "steps", argv)
-    spark = build_session(settings.spark)
-    with job_run(settings, STAGE) as tracked:
+    with job(STAGE, __doc__, argv) as (spark, settings, tracked):
         before = {t: tables.version(spark, settings.table(t)) for t in ("steps", "contexts")}
         counts = run(spark, settings, run_id=tracked.local_id)
         after = {t: tables.version(spark, settings.table(t)) for t in ("steps", "contexts")}

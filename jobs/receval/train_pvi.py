@@ -1,21 +1,23 @@
 """Gold chains (EntailmentBank trees or JSONL gold step lists) -> a fine-tuned seq2seq PVI model (folder + MLflow run).
 
-Three kinds of model (RECEVAL.md "Training the PVI models"), trained on exactly the strings the scoring job
-(jobs.pvi_scores) sends:
+Three kinds of model (docs/design/RECEVAL.md "Training the PVI models"), trained on exactly the strings the scoring job
+(jobs.receval.pvi_scores) sends:
 - g:         "Generate entailed sentence: " + " & ".join(premises + earlier conclusions) + " ->"  ->  " " + conclusion
 - g_null:    "Generate entailed sentence: None ->"  ->  " " + conclusion
 - info_gain: "Generate final answer:" + " " + " ".join(s(1..k)) + " Therefore,"  ->  " " + answer, k = 0..n
 Recipe (paper): AdamW lr 3e-5, weight decay 0.1, 10 epochs, batch 16, early stopping on dev ROUGE-L
 (rouge-score), label padding -100; every value is in `train_pvi` settings. The best epoch's model is saved to
 `<train_pvi.output_dir>/<kind>` (point models.pvi_g.path / pvi_null.path / info_gain.path there) and logged to
-the MLflow run as the artifact folder `model`.
+the MLflow run as the MLflow model `pvi_<kind>` (pyfunc; registered under `train_pvi.registered_model` when set)
+and as the artifact folder `model`.
 
-    python -m jobs.train_pvi --set train_pvi.kind=g --set train_pvi.epochs=10
+    python -m jobs.receval.train_pvi --set train_pvi.kind=g --set train_pvi.epochs=10
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import sys
@@ -24,8 +26,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jobs import pvi_scores as P
-from jobs.config import Settings, TrainPviSettings, resolve_path
+from jobs.infra.config import Settings, TrainPviSettings, resolve_path
+from jobs.infra.progress import Progress
+from jobs.receval import pvi_scores as P
+
+log = logging.getLogger(__name__)
 
 KINDS = ("g", "g_null", "info_gain")
 
@@ -135,8 +140,10 @@ def train(
     cfg: TrainPviSettings,
     out_dir: Path,
     device: str = "cpu",
+    log_every: float = 30.0,
 ) -> list[dict[str, float]]:
-    """Fine-tune `cfg.base_model`; the best dev-ROUGE-L epoch is saved to `out_dir`. Returns per-epoch metrics."""
+    """Fine-tune `cfg.base_model`; the best dev-ROUGE-L epoch is saved to `out_dir`. Returns per-epoch metrics.
+    Progress (optimizer steps done, rate, ETA) is logged at least every `log_every` seconds."""
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -157,37 +164,42 @@ def train(
     order = list(train_pairs)
     history: list[dict[str, float]] = []
     best, stale, steps = -math.inf, 0, 0
-    for epoch in range(1, cfg.epochs + 1):
-        model.train()
-        random.shuffle(order)
-        total, seen, started = 0.0, 0, time.time()
-        for i in range(0, len(order), cfg.batch_size):
+    per_epoch = math.ceil(len(order) / cfg.batch_size)
+    planned = min(cfg.epochs * per_epoch, cfg.max_steps or cfg.epochs * per_epoch)
+    # Driver-only work: the progress counts optimizer steps (each a batch of pairs), with rate and ETA.
+    with Progress("train_pvi", planned, "steps", every=log_every, spark=None, logger=log) as progress:
+        for epoch in range(1, cfg.epochs + 1):
+            model.train()
+            random.shuffle(order)
+            total, seen, started = 0.0, 0, time.time()
+            for i in range(0, len(order), cfg.batch_size):
+                if cfg.max_steps is not None and steps >= cfg.max_steps:
+                    break
+                chunk = order[i : i + cfg.batch_size]
+                loss = model(**_collate(tokenizer, chunk, cfg, device)).loss
+                optim.zero_grad()
+                loss.backward()
+                optim.step()
+                steps += 1
+                progress.commit(1)
+                total += float(loss.detach()) * len(chunk)
+                seen += len(chunk)
+            dev_loss, rouge_l = evaluate(model, tokenizer, dev_pairs, cfg, device)
+            history.append({"epoch": epoch, "train_loss": total / max(seen, 1), "dev_loss": dev_loss,
+                            "dev_rouge_l": rouge_l, "optimizer_steps": steps, "epoch_seconds": time.time() - started})
+            log.info(f"[train_pvi] epoch {epoch}: {history[-1]}")
+            if rouge_l > best + cfg.min_delta:
+                best, stale = rouge_l, 0
+                out_dir.mkdir(parents=True, exist_ok=True)
+                model.save_pretrained(out_dir, safe_serialization=True)
+                tokenizer.save_pretrained(out_dir)
+            else:
+                stale += 1
+                if stale >= cfg.patience:
+                    log.info(f"[train_pvi] early stop: dev ROUGE-L did not improve for {stale} epochs")
+                    break
             if cfg.max_steps is not None and steps >= cfg.max_steps:
                 break
-            chunk = order[i : i + cfg.batch_size]
-            loss = model(**_collate(tokenizer, chunk, cfg, device)).loss
-            optim.zero_grad()
-            loss.backward()
-            optim.step()
-            steps += 1
-            total += float(loss.detach()) * len(chunk)
-            seen += len(chunk)
-        dev_loss, rouge_l = evaluate(model, tokenizer, dev_pairs, cfg, device)
-        history.append({"epoch": epoch, "train_loss": total / max(seen, 1), "dev_loss": dev_loss,
-                        "dev_rouge_l": rouge_l, "optimizer_steps": steps, "epoch_seconds": time.time() - started})
-        print(f"[train_pvi] epoch {epoch}: {history[-1]}")
-        if rouge_l > best + cfg.min_delta:
-            best, stale = rouge_l, 0
-            out_dir.mkdir(parents=True, exist_ok=True)
-            model.save_pretrained(out_dir, safe_serialization=True)
-            tokenizer.save_pretrained(out_dir)
-        else:
-            stale += 1
-            if stale >= cfg.patience:
-                print(f"[train_pvi] early stop: dev ROUGE-L did not improve for {stale} epochs")
-                break
-        if cfg.max_steps is not None and steps >= cfg.max_steps:
-            break
     return history
 
 
@@ -205,7 +217,7 @@ def run(settings: Settings, job=None) -> tuple[Path, list[dict[str, float]]]:
     if not train_pairs or not dev_pairs:
         raise ValueError(f"no training ({len(train_pairs)}) or dev ({len(dev_pairs)}) pairs for kind {cfg.kind!r}")
     out = output_dir(settings)
-    history = train(train_pairs, dev_pairs, cfg, out, task_device(settings.runtime.device))
+    history = train(train_pairs, dev_pairs, cfg, out, task_device(settings.runtime.device), settings.log.progress_seconds)
     (out / "train_pvi.json").write_text(json.dumps({"kind": cfg.kind, "history": history,
                                                     "settings": cfg.model_dump(mode="json")}, indent=1))
     if job is not None:
@@ -215,7 +227,7 @@ def run(settings: Settings, job=None) -> tuple[Path, list[dict[str, float]]]:
         job.set_tags({"pvi_kind": cfg.kind, "model_dir": str(out)})
         job.log_text("train_pvi/epochs.json", json.dumps(history, indent=1))
         job.log_text("train_pvi/sample_pairs.json", json.dumps(train_pairs[:20], indent=1))
-    print(f"[train_pvi] model saved to {out}; score with --set models.{_role(cfg.kind)}.path={out}")
+    log.info(f"[train_pvi] model saved to {out}; score with --set models.{_role(cfg.kind)}.path={out}")
     return out, history
 
 
@@ -223,33 +235,32 @@ def _role(kind: str) -> str:
     return {"g": "pvi_g", "g_null": "pvi_null", "info_gain": "info_gain"}[kind]
 
 
-def log_to_mlflow(settings: Settings, run_id: str, out: Path, history: Sequence[Mapping[str, float]]) -> str:
-    """Per-epoch metrics with their step and the model folder as the `model` artifact; returns its URI."""
-    from mlflow.entities import Metric
-    from mlflow.tracking import MlflowClient
-
-    from jobs.tracking import tracking_uri
-
-    client = MlflowClient(tracking_uri(settings))
-    now = int(time.time() * 1000)
-    metrics = [Metric(k, float(v), now, int(h["epoch"])) for h in history for k, v in h.items() if k != "epoch"]
-    for i in range(0, len(metrics), 500):
-        client.log_batch(run_id, metrics=metrics[i : i + 500])
-    client.log_artifacts(run_id, str(out), "model")
-    return f"runs:/{run_id}/model"
-
-
 def main(argv: Sequence[str] | None = None) -> str | None:
-    from jobs.tables import job_args
-    from jobs.tracking import job_run
+    """Train; per-epoch metrics (step = epoch) and the best model as an MLflow model; returns its runs:/ URI."""
+    from jobs.infra.tables import job_args
+    from jobs.infra.tracking import job_run
 
-    settings, _ = job_args(__doc__.splitlines()[0], argv)
+    settings, args = job_args(__doc__.splitlines()[0], argv)
+    if args.dry_run:
+        cfg = settings.train_pvi
+        print(f"[dry-run] train_pvi: would train a {cfg.kind} model from {cfg.base_model} on {cfg.train_path} "
+              f"(dev {cfg.dev_path}) into {output_dir(settings)}; nothing is written")
+        raise SystemExit(0)
     with job_run(settings, "train_pvi") as job:
         out, history = run(settings, job)
+        for h in history:
+            job.log_metrics({k: v for k, v in h.items() if k != "epoch"}, step=int(h["epoch"]))
+        # The MLflow model (registrable, mlflow.pyfunc.load_model) and, as before, the plain folder as the run
+        # artifact `model`, which the scoring job loads by path after a download.
+        job.log_model(out, f"pvi_{settings.train_pvi.kind}", settings.train_pvi.registered_model)
+        for file in sorted(out.iterdir()):
+            if file.is_file():
+                job.log_file(f"model/{file.name}", file)
     if job.run_id is None:
         return None
-    uri = log_to_mlflow(settings, job.run_id, out, history)
-    print(f"[train_pvi] MLflow model {uri}")
+    uri = f"runs:/{job.run_id}/model"
+    log.info("[train_pvi] MLflow model %s%s", uri, f" registered as {settings.train_pvi.registered_model}"
+             if settings.train_pvi.registered_model else "")
     return uri
 
 

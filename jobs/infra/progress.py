@@ -1,0 +1,203 @@
+"""Progress of long work on the driver: units done (chains, steps, examples), rate and ETA, logged at least every
+`log.progress_seconds` while the executors work, not only when a batch commits.
+
+The executors' share comes from a Spark accumulator that a pass-through over the frame a stage computes adds
+to (`counted`): Spark sends accumulator updates to the driver with every finished task, so the count moves
+per finished partition. A reporter thread reads it; nothing waits for it.
+
+    with Progress("scores", total=1012, unit="chains") as progress:
+        for batch in batches:
+            progress.expect(len(batch), rows=n_steps)   # this batch's chains, and the rows counted for them
+            ... hold(counted(scored)) ...              # rows finished by executors move the count
+            progress.commit(len(batch))                # the batch is written
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+_active: Progress | None = None  # the progress that `counted` reports to (one stage runs at a time)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+class Progress:
+    """Units done of `total`, from batches committed and rows finished in the executors; a context manager."""
+
+    def __init__(
+        self,
+        name: str,
+        total: int,
+        unit: str = "chains",
+        every: float = 30.0,
+        spark: SparkSession | None = None,
+        bar: bool = False,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.name, self.total, self.unit, self.every = name, total, unit, every
+        self.logger = logger or log
+        self.committed = 0
+        self._batch_units, self._batch_rows = 0, 0
+        self._rows_at_batch = 0
+        spark = spark or SparkSession.getActiveSession()
+        self._rows = spark.sparkContext.accumulator(0) if spark is not None else None
+        self.started = time.time()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._bar: Any = None
+        if bar and total:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import Progress as Bar
+
+            self._bar = Bar(TextColumn(f"{name}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
+                            TimeElapsedColumn(), TimeRemainingColumn())
+            self._task = self._bar.add_task(name, total=total)
+
+    # -- what the work reports ----------------------------------------------------------------------
+    def expect(self, units: int, rows: int | None = None) -> None:
+        """The next batch: `units` of work whose executors will count `rows` rows (default one per unit)."""
+        self._batch_units, self._batch_rows = units, rows if rows is not None else units
+        self._rows_at_batch = self.rows_finished
+
+    def commit(self, units: int) -> None:
+        """`units` are done and written."""
+        self.committed += units
+        self._batch_units = self._batch_rows = 0
+
+    @property
+    def rows_finished(self) -> int:
+        return int(self._rows.value) if self._rows is not None else 0
+
+    @property
+    def done(self) -> float:
+        """Committed units plus the finished share of the running batch (by rows the executors counted)."""
+        if not self._batch_rows:
+            return float(self.committed)
+        share = min(1.0, (self.rows_finished - self._rows_at_batch) / self._batch_rows)
+        return self.committed + share * self._batch_units
+
+    @property
+    def rate(self) -> float:
+        elapsed = time.time() - self.started
+        return self.done / elapsed if elapsed > 0 else 0.0
+
+    def line(self) -> str:
+        done, rate = self.done, self.rate
+        pct = 100.0 * done / self.total if self.total else 100.0
+        eta = _duration((self.total - done) / rate) if rate > 0 and self.total else "-"
+        return (f"[{self.name}] {done:.0f}/{self.total} {self.unit} ({pct:.0f}%), {rate:.3g} {self.unit}/s, "
+                f"ETA {eta}, {_duration(time.time() - self.started)} elapsed")
+
+    # -- reporting ------------------------------------------------------------------------------------
+    def _report(self) -> None:
+        last = time.time()
+        tick = 1.0 if self._bar is not None else min(self.every, 5.0)
+        while not self._stop.wait(tick):
+            if self._bar is not None:
+                self._bar.update(self._task, completed=self.done)
+            elif time.time() - last >= self.every:
+                self.logger.info(self.line())
+                last = time.time()
+
+    def __enter__(self) -> Progress:
+        global _active
+        _active = self
+        self.logger.info("[%s] %d %s to do", self.name, self.total, self.unit)
+        if self._bar is not None:
+            self._bar.start()
+        self._thread = threading.Thread(target=self._report, name=f"progress-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _active
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done)
+            self._bar.stop()
+        if _active is self:
+            _active = None
+        self.logger.info(self.line())
+
+
+def bar_wanted(mode: str) -> bool:
+    """`pipeline.progress`: rich (a live bar), plain (log lines) or auto (a bar on a terminal)."""
+    return mode == "rich" or (mode == "auto" and sys.stderr.isatty())
+
+
+def counted(df: DataFrame) -> DataFrame:
+    """`df` unchanged, each finished partition adding its row count to the active progress (none: `df`).
+
+    Put it on the frame whose computation is the work (the scored rows, the generated answers), so a
+    partition counts when its model calls are done.
+    """
+    progress = _active
+    if progress is None or progress._rows is None:
+        return df
+    rows = progress._rows
+
+    def count(batches: Iterator[Any]) -> Iterator[Any]:
+        n = 0
+        for batch in batches:
+            n += batch.num_rows
+            yield batch
+        rows.add(n)
+
+    return df.mapInArrow(count, df.schema)
+
+
+def spark_tasks(spark: SparkSession | None) -> str | None:
+    """Finished / all tasks of the running Spark stages (each task is a partition), or None when idle."""
+    if spark is None:
+        return None
+    tracker = spark.sparkContext.statusTracker()
+    stages = [s for s in (tracker.getStageInfo(i) for i in tracker.getActiveStageIds()) if s is not None]
+    if not stages:
+        return None
+    return ", ".join(f"stage {s.stageId}: {s.numCompletedTasks}/{s.numTasks} tasks" for s in stages)
+
+
+@contextlib.contextmanager
+def heartbeat(name: str, every: float = 30.0, logger: logging.Logger | None = None) -> Iterator[None]:
+    """While a job runs, a line at least every `every` s: elapsed time and the partitions Spark finished.
+    Silent while a `Progress` of the job reports (it says more: units, rate, ETA)."""
+    logger = logger or log
+    stop = threading.Event()
+    started = time.time()
+    spark = SparkSession.getActiveSession()  # thread-local: taken here, read by the reporting thread
+
+    def beat() -> None:
+        while not stop.wait(every):
+            if _active is None:
+                tasks = spark_tasks(spark or SparkSession.getActiveSession())
+                logger.info("[%s] running for %s%s", name, _duration(time.time() - started),
+                            f"; Spark {tasks}" if tasks else "")
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{name}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)

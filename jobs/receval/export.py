@@ -1,0 +1,106 @@
+"""`curated` (or `rejected`) + `chains` -> the selected chains with their text, scores and reasons, as JSON Lines,
+Parquet or a Hugging Face `datasets` folder, filtered by dataset and pipeline run.
+
+    python -m jobs.receval.export --set export.format=hf --set export.output=exports/gsm8k_passed \\
+        --set 'export.datasets=[gsm8k]'
+    python -m jobs.receval.export --set export.table=rejected --set export.run_id=<pipeline run id>
+
+jsonl and parquet write a folder of part files (Spark's; one per partition, read back as one data set by
+`spark.read.json`, `pandas.read_parquet`, `datasets.load_dataset("json", data_files=...)`); hf writes
+`Dataset.save_to_disk` (`datasets.load_from_disk`), map columns (`labels`) as JSON text.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import MapType
+
+from jobs.infra import tables
+from jobs.infra.config import ExportSettings, Settings, resolve_path
+from jobs.infra.tracking import job
+from schemas import chains as C
+from schemas import curation as CU
+
+log = logging.getLogger(__name__)
+
+# From `chains`: what a reader of the exported chains needs to use them without the lake.
+TEXT = [C.DATASET, C.QUESTION_ID, C.QUESTION, C.CONTEXT, C.STEPS, C.CHAIN_TEXT, C.ANSWER, C.GOLD_ANSWER, C.LABELS]
+
+
+def transform(selected: DataFrame, chains: DataFrame, cfg: ExportSettings, config_hash: str) -> DataFrame:
+    """One row per selected chain under `config_hash`: id, text, every chain score, the failed rules (empty for
+    curated chains), and which run and rules decided it. Filtered by `cfg.datasets` and `cfg.run_id`."""
+    chosen = selected.where(F.col(CU.CONFIG_HASH) == config_hash)
+    if cfg.run_id:
+        chosen = chosen.where(F.col(CU.RUN_ID) == cfg.run_id)
+    if CU.FAILED_RULES not in chosen.columns:
+        chosen = chosen.withColumn(CU.FAILED_RULES, F.array().cast("array<string>"))
+    text = chains.select(C.CHAIN_ID, *TEXT)
+    if cfg.datasets:
+        text = text.where(F.col(C.DATASET).isin(cfg.datasets))
+    scores = [c for c in chosen.columns if c not in (CU.CHAIN_ID, CU.FAILED_RULES, CU.RUN_ID, CU.CONFIG_HASH,
+                                                      CU.RULES_HASH, CU.CURATED_AT)]
+    return chosen.join(text, CU.CHAIN_ID).select(
+        CU.CHAIN_ID, *TEXT, *scores, CU.FAILED_RULES, CU.RUN_ID, CU.CONFIG_HASH, CU.RULES_HASH, CU.CURATED_AT
+    )
+
+
+def hf_compatible(df: DataFrame) -> DataFrame:
+    """`datasets` has no map type: map columns (`labels`) become JSON text (json.loads gives the dict back)."""
+    return df.select(
+        *[F.to_json(f.name).alias(f.name) if isinstance(f.dataType, MapType) else F.col(f.name) for f in df.schema]
+    )
+
+
+def write(df: DataFrame, fmt: str, output: str) -> str:
+    """Replace `output` with the frame in `fmt`; returns the folder written."""
+    folder = resolve_path(output)
+    if fmt == "jsonl":
+        df.write.mode("overwrite").json(str(folder))
+    elif fmt == "parquet":
+        df.write.mode("overwrite").parquet(str(folder))
+    else:
+        import datasets
+
+        # Dataset.from_spark writes Arrow shards through the executors into a cache folder; save_to_disk then
+        # lays out the folder load_from_disk reads. The cache goes with the run.
+        cache = folder.parent / f".{folder.name}.cache"
+        try:
+            dataset = datasets.Dataset.from_spark(hf_compatible(df), cache_dir=str(cache))
+            if folder.exists():
+                shutil.rmtree(folder)
+            dataset.save_to_disk(str(folder))
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+    return str(folder)
+
+
+def run(spark: SparkSession, settings: Settings) -> dict[str, int | str]:
+    cfg = settings.export
+    schema = CU.CURATED_SCHEMA if cfg.table == "curated" else CU.REJECTED_SCHEMA
+    selected = tables.read(spark, settings.table(cfg.table), schema)
+    chains = tables.read(spark, settings.table("chains"), C.SCHEMA)
+    with tables.Held() as hold:
+        out = hold(transform(selected, chains, cfg, cfg.config_hash or settings.scoring_hash()))
+        rows = out.count()
+        folder = write(out, cfg.format, cfg.output)
+    log.info("[export] %d %s chains -> %s (%s)", rows, cfg.table, folder, cfg.format)
+    return {"rows": rows, "output": folder}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, int | str]:
+    with job("export", __doc__, argv) as (spark, settings, tracked):
+        result = run(spark, settings)
+        tracked.log_metrics({"rows": result["rows"]})
+        tracked.set_tags({"export_output": result["output"], "export_format": settings.export.format,
+                          "export_table": settings.export.table})
+    return result
+
+
+if __name__ == "__main__":
+    main()
