@@ -1,7 +1,7 @@
 """The cluster tests' helpers: the standalone cluster (scripts/cluster.py, re-exported), lake comparison.
 
     with StandaloneCluster(tmp_dir) as cluster:          # master + 2 workers, 1 core and 1500m each
-        result = cluster.submit("jobs.ingest", ["--set", "paths.lake=/tmp/lake"])
+        result = cluster.submit("jobs.receval.ingest", ["--set", "paths.lake=/tmp/lake"])
 
 `submit` runs scripts/submit.sh, so tests exercise exactly what an operator runs. Every process the cluster
 starts is stopped by its PID, also when a test fails.
@@ -34,16 +34,19 @@ __all__ = ["PROJECT_ROOT", "SUBMIT", "Daemon", "StandaloneCluster", "alive", "ch
            "spark_home", "job_args", "assert_lakes_equal", "slow_scores"]
 
 # The job the cluster tests submit: the whole nightly pipeline (ingest, steps, scores, aggregate, curate).
-PIPELINE_MODULE = "jobs.pipeline"
+PIPELINE_MODULE = "jobs.receval.pipeline"
 # Tables the cluster and invariance tests compare, and columns that legitimately differ between runs
 # (when a row was written, by which run).
 COMPARED_TABLES = ("chains", "quarantine", "steps", "contexts", "step_scores", "chain_scores", "unscored",
                    "curation", "curated", "rejected")
 VOLATILE = frozenset({"ingested_at", "scored_at", "curated_at", "quarantined_at", "recorded_at", "seen_at", "run_id"})
 # Scores may differ by float rounding, no more: fp32 forwards over differently padded batches (another
-# partitioning puts other rows in a batch) move log-likelihoods by ~1e-6 (measured 2.4e-6 at most), so the
-# bound is absolute as well as relative (differences of log-probs near 0 have no relative precision).
-SCORE_TOL = 1e-5
+# partitioning puts other rows in a batch) move scores by ~1e-6 (measured 2.4e-6 at most). Each table's scale
+# is stated through tests/tolerance.py: step_scores row by row (log-likelihoods relative to themselves,
+# intra_pvi / info_gain relative to their two terms, probabilities absolutely); the chain-level tables hold
+# mins, means and copies of step scores, which move no more than those do, so they get the largest
+# step-score tolerance of the reference lake (~4e-5 for ~19-nat log-likelihoods).
+STEP_SCORE_KEYS = ("chain_id", "step_idx", "config_hash")
 
 
 def job_args(lake: Path, input_path: Path | str, *extra: str) -> list[str]:
@@ -62,11 +65,18 @@ def job_args(lake: Path, input_path: Path | str, *extra: str) -> list[str]:
 
 
 def assert_lakes_equal(spark, expected: Path, actual: Path, tables: Sequence[str] = COMPARED_TABLES) -> None:
-    """Every compared table holds the same rows in both lakes (order-free; floats within SCORE_TOL)."""
+    """Every compared table holds the same rows in both lakes (order-free; floats within float32 rounding)."""
     from pyspark.testing import assertDataFrameEqual
+    from tolerance import assert_scores_close, scores_tol
 
-    from jobs.tables import exists
+    from jobs.infra.tables import exists
 
+    def load(lake: Path, name: str):
+        df = spark.read.format("delta").load(str(lake / name))
+        return df.drop(*VOLATILE.intersection(df.columns))
+
+    has_steps = exists(spark, str(expected / "step_scores"))
+    steps_tol = scores_tol(load(expected, "step_scores")) if has_steps else 0.0
     nonempty = 0
     for name in tables:
         if not exists(spark, str(expected / name)) or not exists(spark, str(actual / name)):
@@ -75,12 +85,13 @@ def assert_lakes_equal(spark, expected: Path, actual: Path, tables: Sequence[str
                 if exists(spark, str(lake / name)):
                     assert spark.read.format("delta").load(str(lake / name)).count() == 0, f"{name} in {lake}"
             continue
-        want = spark.read.format("delta").load(str(expected / name))
-        got = spark.read.format("delta").load(str(actual / name))
-        want, got = want.drop(*VOLATILE.intersection(want.columns)), got.drop(*VOLATILE.intersection(got.columns))
+        want, got = load(expected, name), load(actual, name)
         nonempty += want.count() > 0
         try:
-            assertDataFrameEqual(got, want, rtol=SCORE_TOL, atol=SCORE_TOL)
+            if name == "step_scores":
+                assert_scores_close(got, want, keys=STEP_SCORE_KEYS)
+            else:
+                assertDataFrameEqual(got, want, rtol=0.0, atol=steps_tol)
         except AssertionError as err:
             raise AssertionError(f"table {name} differs:\n{err}") from None
     # Empty tables (nothing rejected, nothing unscored) compare trivially; the scored ones must not be empty.
@@ -89,14 +100,14 @@ def assert_lakes_equal(spark, expected: Path, actual: Path, tables: Sequence[str
 
 # -- fault-injection entry point (spark-submit tests/cluster.py slow-scores MARKER_DIR DELAY ARGS...) -------
 def slow_scores(marker_dir: str, delay_s: float, argv: list[str]) -> None:
-    """`jobs.pipeline.main` with the NLI model slowed down and announced, so a test can kill a worker mid-scoring.
+    """`jobs.receval.pipeline.main` with the NLI model slowed down and announced, so a test can kill a worker mid-scoring.
 
     Each NLI batch in a Python worker writes `<marker_dir>/<pid>` (the worker whose node the test kills) and
     sleeps before the real model runs; the scores are exactly the pipeline's, so the tables must equal a
     clean run's.
     """
-    import jobs.nli_scores as nli_scores
-    import jobs.pipeline as pipeline
+    import jobs.receval.nli_scores as nli_scores
+    import jobs.receval.pipeline as pipeline
 
     real = nli_scores.predictor
 

@@ -8,29 +8,46 @@ from pathlib import Path
 
 import pytest
 
-from jobs.config import PROJECT_ROOT, Settings, load_settings
+from jobs.infra.config import PROJECT_ROOT, Settings, load_settings
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# Test processes (pytest-xdist workers) share the project's models/ and data/ folders: one builds or fetches
+# while the others wait, then every one reads the same files.
+SHARED_LOCK = PROJECT_ROOT / ".pytest-shared.lock"
+
+# The test JVM runs short jobs on tiny tables: the C1 compiler alone starts and warms up faster than tiered
+# compilation with C2, whose compile threads compete with the work on 2 cores (docs/TESTING.md: ~1.5x on a
+# Delta MERGE + pandas UDF loop). Jobs keep the JVM's defaults; this is the test session only.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
 @pytest.fixture(scope="session")
 def tiny_models() -> dict[str, Path]:
     """The tiny T5, GPT-2-style LM and NLI classifier under <project>/models (built once, kept)."""
-    from jobs.tiny_models import build_all
+    from filelock import FileLock
 
-    return build_all(PROJECT_ROOT / "models")
+    from jobs.infra.tiny_models import build_all
+
+    with FileLock(SHARED_LOCK):
+        return build_all(PROJECT_ROOT / "models")
 
 
 @pytest.fixture(scope="session")
 def spark():
-    from jobs.config import SparkSettings
-    from jobs.session import build_session
+    from jobs.infra.config import SparkSettings
+    from jobs.infra.session import build_session
 
     session = build_session(
         SparkSettings(master="local[2]", shuffle_partitions=2, app_name="receval-tests"),
-        extra={"spark.driver.memory": "1g", "spark.sql.adaptive.enabled": "false"},
+        extra={
+            "spark.driver.memory": "1g",
+            "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
+            "spark.sql.adaptive.enabled": "false",
+        },
     )
     yield session
     session.stop()
@@ -69,7 +86,8 @@ def spread_nli(tiny_models, tmp_path_factory) -> Path:
     """The tiny NLI model (same config, unusual label2id, tokenizer) re-initialised with larger weights.
 
     The stock tiny model gives every pair nearly 1/3 per label, so differences in order or padding hide
-    under 1e-5; this one spreads probabilities over [0, 1] (used by the NLI invariance tests).
+    under the probability tolerance (tests/tolerance.py); this one spreads probabilities over [0, 1] (used
+    by the NLI invariance tests).
     """
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
@@ -131,6 +149,34 @@ def mlflow_server(tmp_path_factory):
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+MIRROR_ENV = "RECEVAL_DATA_MIRROR"  # a local mirror of the datasets (CI sets it); absent: tests that need one skip
+
+
+def require_datasets(*names: str) -> Path:
+    """The data folder, once every named dataset is in it: taken from $RECEVAL_DATA_MIRROR when set, else skip."""
+    from filelock import FileLock
+
+    from jobs.infra import data
+    from jobs.infra.config import PathSettings, resolve_path
+
+    folder = resolve_path(PathSettings().data)
+    catalogue = data.load_catalogue()
+    missing = [n for n in names if not data.is_present(catalogue[n], folder)]
+    if missing and os.environ.get(MIRROR_ENV):
+        with FileLock(SHARED_LOCK):  # fetch skips what another test process put in place meanwhile
+            data.fetch(missing, folder, mirror=Path(os.environ[MIRROR_ENV]), catalogue=catalogue)
+    elif missing:
+        pytest.skip(f"needs dataset {', '.join(missing)}: `make data` or set {MIRROR_ENV} to a mirror")
+    return folder
+
+
+def pytest_runtest_setup(item) -> None:
+    """`@pytest.mark.dataset("bbh", ...)`: the test runs only where those datasets are (see require_datasets)."""
+    names = [n for mark in item.iter_markers("dataset") for n in mark.args]
+    if names:
+        require_datasets(*names)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

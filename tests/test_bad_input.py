@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from pyspark.sql import functions as F
 
-from jobs import ingest
+from jobs.receval import ingest
 from schemas import chains as C
 from schemas import quarantine as Q
 
@@ -144,6 +144,6 @@ def test_validate_series_poisoned_row_quarantined_or_fails_per_config(monkeypatc
 
 
 def corpus_module_settings():
-    from jobs.config import load_settings
+    from jobs.infra.config import load_settings
 
     return load_settings(environ={})

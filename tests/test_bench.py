@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from jobs.config import PROJECT_ROOT
+from jobs.infra.config import PROJECT_ROOT
 
 
 @pytest.mark.slow

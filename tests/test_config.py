@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from jobs.config import ConfigError, cli_overrides, env_overrides, load_settings
+from jobs.infra.config import ConfigError, cli_overrides, env_overrides, load_settings
 
 
 def test_load_settings_defaults_are_local_and_offline():
@@ -86,3 +86,48 @@ def test_scoring_hash_changes_with_models_not_with_paths():
     other_model = load_settings(overrides=["models.nli.path=models/other-nli"], environ={})
     assert base.scoring_hash() == moved.scoring_hash()
     assert base.scoring_hash() != other_model.scoring_hash()
+
+
+def test_overrides_are_typed_by_their_field():
+    env = {"RECEVAL__HUMAN_LABELS__OK_VALUE": "no", "RECEVAL__RUNTIME__MAX_LENGTH": "128"}
+    s = load_settings(
+        overrides=[
+            "human_labels.error_value=yes",  # YAML alone makes this `true`: a string field keeps the text
+            "ingest.dataset=1e5",  # not the float 100000.0
+            "spark.conf.spark.executor.memory=8g",  # a dict key with dots
+            "runtime.batch_size=64",
+            "nli.intra_history=2",
+            "runtime.dedup=no",  # a bool field still reads yes/no
+            "cot.custom_path=null",
+            "curation.thresholds={intra_entail: 0.3}",
+            "pipeline.stages=[ingest, steps]",
+        ],
+        environ=env,
+    )
+    assert (s.human_labels.error_value, s.human_labels.ok_value) == ("yes", "no")
+    assert s.ingest.dataset == "1e5"
+    assert s.spark.conf == {"spark.executor.memory": "8g"}
+    assert (s.runtime.batch_size, s.runtime.max_length, s.nli.intra_history, s.runtime.dedup) == (64, 128, 2, False)
+    assert s.cot.custom_path is None
+    assert s.curation.thresholds == {"intra_entail": 0.3}
+    assert s.pipeline.stages == ["ingest", "steps"]
+
+
+def test_print_config_names_the_layer_of_every_value(tmp_path: Path, capsys, monkeypatch):
+    from jobs.infra.tables import job_args
+
+    cfg = tmp_path / "night.yaml"
+    cfg.write_text("runtime:\n  batch_size: 8\n")
+    monkeypatch.setenv("RECEVAL__HUMAN_LABELS__OK_VALUE", "no")
+    with pytest.raises(SystemExit) as stop:
+        job_args("x", ["--config", str(cfg), "--set", "human_labels.error_value=yes", "--print-config"])
+    assert stop.value.code == 0
+    lines = {line.split(":")[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["human_labels.error_value"].endswith("# --set human_labels.error_value=yes")
+    assert lines["human_labels.error_value"].startswith("human_labels.error_value: yes ")
+    assert lines["human_labels.ok_value"].endswith("# env RECEVAL__HUMAN_LABELS__OK_VALUE")
+    assert lines["runtime.batch_size"].endswith(f"# --config {cfg}")
+    assert lines["spark.master"].endswith("# conf/profiles/local.yaml")
+    assert lines["models.nli.path"].endswith("# conf/models/offline.yaml")
+    assert lines["runtime.max_length"].endswith("# conf/defaults.yaml")
+    assert lines["pipeline.batch_chains"].endswith("# default (jobs/infra/config.py)")

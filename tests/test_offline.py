@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from jobs.config import PROJECT_ROOT
+from jobs.infra.config import PROJECT_ROOT
 
 SCRIPT = """
 import sys
-from jobs.config import SparkSettings
-from jobs.session import build_session
+from jobs.infra.config import SparkSettings
+from jobs.infra.session import build_session
 spark = build_session(SparkSettings(master="local[1]", shuffle_partitions=1))
 path = sys.argv[1]
 spark.range(3).write.format("delta").save(path)

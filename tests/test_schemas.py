@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyspark.testing import assertSchemaEqual
 
-from jobs import tables
+from jobs.infra import tables
 from schemas import chain_scores, chains, cot, meta_eval, quarantine, step_scores, steps
 
 

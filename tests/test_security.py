@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.config import PROJECT_ROOT, ConfigError, load_settings
+from jobs.infra.config import PROJECT_ROOT, ConfigError, load_settings
 from udfs import runtime
 
 CODE_DIRS = ("jobs", "udfs", "schemas")
@@ -146,8 +146,7 @@ def test_project_code_evaluates_no_untrusted_text():
 
 
 def test_cot_templates_render_data_as_text():
-    from jobs import cot_data
-
+    from jobs.cot import data as cot_data
     env = cot_data._environment(0)
     template = cot_data.PromptTemplate("t", "Q: {{ question }} ||| {{ answer }}", None)
     hostile = "{{ 7*7 }} {% for x in range(3) %}x{% endfor %} {{ ''.__class__.__mro__ }}"
@@ -172,8 +171,7 @@ def test_load_settings_accepts_lake_folder(tmp_path):
 
 
 def test_ingest_read_raw_missing_input_names_the_setting(spark, make_settings, tmp_path):
-    from jobs import ingest
-
+    from jobs.receval import ingest
     settings = make_settings(f"ingest.input={tmp_path}/nothing_here/*.jsonl")
     with pytest.raises(FileNotFoundError, match=r"ingest\.input.*nothing_here"):
         ingest.read_raw(spark, settings.ingest)

@@ -12,8 +12,8 @@ import pytest
 from cluster import free_port
 from delta.tables import DeltaTable
 
-from jobs import ingest
-from jobs.config import PROJECT_ROOT
+from jobs.infra.config import PROJECT_ROOT
+from jobs.receval import ingest
 
 SAMPLE = PROJECT_ROOT / "tests" / "data" / "sample_lake"
 # Keep the client from retrying a dead server for minutes.
@@ -54,11 +54,48 @@ def test_job_run_tracking_outage_writes_tables_and_replay_bundle(spark, lake, de
     bundles = replay_bundles(lake)
     assert len(bundles) == 1
     assert f"MLflow at {dead_tracking} failed" in err
-    assert f"python -m jobs.tracking replay {bundles[0]}" in err
+    assert f"python -m jobs.infra.tracking replay {bundles[0]}" in err
     saved = json.loads(bundles[0].read_text())
     assert saved["uri"] == dead_tracking
     assert saved["bundle"]["metrics"]["rows_inserted"] == counts["inserted"]
-    assert saved["bundle"]["tags"]["status"] == "FINISHED"
+    assert saved["bundle"]["status"] == "FINISHED" and saved["bundle"]["run_id"] is None
+    assert {(d["name"], d["context"]) for d in saved["bundle"]["datasets"]} == {
+        ("chains", "output"), ("quarantine", "output")
+    }
+
+
+def test_job_run_tracking_lost_mid_run_keeps_the_whole_record(spark, settings, tmp_path, monkeypatch):
+    """Reachable at the start, gone mid-run: the job finishes, and the replay is one complete run."""
+    from mlflow.tracking import MlflowClient
+
+    from jobs.infra.tracking import job_run, replay
+
+    uri = f"sqlite:///{tmp_path}/t.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+
+    class Gone:
+        def __getattr__(self, name):
+            raise ConnectionError("tracking server went away")
+
+    with job_run(settings, "night") as run:
+        run.log_metrics({"chains_done": 5}, step=1)
+        live = run._client
+        run._client = Gone()  # every later call to the server fails
+        run.log_metrics({"chains_done": 9}, step=2)
+        run.log_table("curated", "/lake/curated", 4, "output")
+        run._client = live  # the server answers again when the job ends (closes the partial run)
+    assert not run.online and run.replay_file
+    client = MlflowClient(uri)
+    partial = client.get_run(run.run_id)
+    assert partial.info.status == "FAILED"  # not left RUNNING
+    assert [m.value for m in client.get_metric_history(run.run_id, "chains_done")] == [5]
+
+    full_id = replay(run.replay_file)
+    full = client.get_run(full_id)
+    assert full.info.status == "FINISHED"
+    assert [(m.step, m.value) for m in client.get_metric_history(full_id, "chains_done")] == [(1, 5), (2, 9)]
+    assert [d.dataset.name for d in full.inputs.dataset_inputs] == ["curated"]
+    assert client.get_run(run.run_id).data.tags["receval.replayed_as"] == full_id
 
 
 def test_replay_sends_saved_run_to_real_server(spark, lake, tmp_path, dead_tracking, mlflow_server, monkeypatch):
@@ -68,7 +105,7 @@ def test_replay_sends_saved_run_to_real_server(spark, lake, tmp_path, dead_track
     env = {**os.environ, **QUICK_CLIENT, "MLFLOW_TRACKING_URI": mlflow_server}
     env.pop("PYSPARK_GATEWAY_PORT", None)
     out = subprocess.run(
-        [sys.executable, "-m", "jobs.tracking", "replay", str(bundle)],
+        [sys.executable, "-m", "jobs.infra.tracking", "replay", str(bundle)],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -80,7 +117,7 @@ def test_replay_sends_saved_run_to_real_server(spark, lake, tmp_path, dead_track
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags["job"] == "ingest"
-    assert run.data.tags["status"] == "FINISHED"
+    assert {d.dataset.name for d in run.inputs.dataset_inputs} == {"chains", "quarantine"}
     assert run.data.metrics["rows_inserted"] == counts["inserted"]
     assert run.data.metrics["rows_read"] == counts["read"]
     assert run.data.params["paths.lake"] == str(lake)
@@ -98,7 +135,7 @@ def test_replay_unreachable_server_keeps_bundle(lake, tmp_path, dead_tracking):
     }}))
     env = {**os.environ, **QUICK_CLIENT}
     out = subprocess.run(
-        [sys.executable, "-m", "jobs.tracking", "replay", str(bundle)],
+        [sys.executable, "-m", "jobs.infra.tracking", "replay", str(bundle)],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert out.returncode != 0

@@ -1,6 +1,6 @@
-"""Regenerate the bundled sample lake from ../shared/data (GSM-8K chains: MIT; see tests/data/README.md).
+"""Regenerate the bundled sample lake from the ROSCOE GSM-8K generations (MIT; see tests/data/README.md).
 
-    python tests/data/make_sample_lake.py
+    python -m jobs.infra.data fetch roscoe_gsm8k && python tests/data/make_sample_lake.py
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import re
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SHARED = HERE.parents[2] / "shared" / "data"
+DATA = HERE.parents[1] / "data"  # paths.data, where `python -m jobs.infra.data` lays the datasets out
 
 
 def gsm8k_rows(n: int = 24) -> list[dict]:
     rows = []
-    with (SHARED / "roscoe" / "generated" / "gsm8k.json").open() as f:
+    with (DATA / "roscoe" / "generated" / "gsm8k.json").open() as f:
         for line in f:
             item = json.loads(line)
             chain = item["gpt-3"].strip()

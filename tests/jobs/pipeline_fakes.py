@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from jobs import tables
-from jobs.config import Settings
-from jobs.pipeline import Transforms
+from jobs.infra import tables
+from jobs.infra.config import Settings
+from jobs.receval.pipeline import Transforms
 from schemas import chains as C
 from schemas import step_scores as SS
 from schemas import steps as ST

@@ -5,8 +5,10 @@ import datetime as dt
 import pytest
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual, assertSchemaEqual
+from tolerance import EXACT_FRAME
 
-from jobs import aggregate, tables
+from jobs.infra import tables
+from jobs.receval import aggregate
 from schemas import chain_scores as CS
 from schemas import step_scores as SS
 
@@ -83,14 +85,14 @@ def test_transform_hand_computed(spark, settings):
                  {E: 0.1, P: 0.1, X: 0.1, G: 0.1}, (True, True, True), config="h2"),
     ]
     assertSchemaEqual(got.schema, CS.SCHEMA)
-    assertDataFrameEqual(got, spark.createDataFrame([Row(**r) for r in want], CS.SCHEMA))
+    assertDataFrameEqual(got, spark.createDataFrame([Row(**r) for r in want], CS.SCHEMA), **EXACT_FRAME)
 
 
 def test_transform_partition_invariant(spark, settings):
     df = frame(spark, STEPS)
     one = aggregate.transform(df.coalesce(1), settings)
     many = aggregate.transform(df.repartition(5), settings)
-    assertDataFrameEqual(one, many)
+    assertDataFrameEqual(one, many, **EXACT_FRAME)
 
 
 def test_transform_api_k_subset(spark, make_settings):

@@ -1,4 +1,4 @@
-"""jobs.cot_data: BBH, MGSM and P3 loaders to the common example schema; custom JSONL; template sandbox."""
+"""jobs.cot.data: BBH, MGSM and P3 loaders to the common example schema; custom JSONL; template sandbox."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from collections import Counter
 import pytest
 from jinja2.exceptions import SecurityError
 
-from jobs import cot_data as D
-from jobs.config import PROJECT_ROOT, CotSettings, resolve_path
+from jobs.cot import data as D
+from jobs.infra.config import PROJECT_ROOT, CotSettings, resolve_path
 from schemas import cot as S
 
-ROOT = resolve_path("../shared/data/cot")
+ROOT = resolve_path(CotSettings().data_root)
 TEMPLATES = PROJECT_ROOT / "conf" / "p3_templates"
 LISTING = TEMPLATES / "t0_eval.yaml"
 
@@ -28,6 +28,7 @@ def p3():
     return rows, skipped
 
 
+@pytest.mark.dataset("bbh")
 def test_load_bbh_all_27_tasks(bbh):
     counts = Counter(r[S.TASK] for r in bbh)
     assert len(counts) == 27 and sum(counts.values()) == 6511
@@ -37,6 +38,7 @@ def test_load_bbh_all_27_tasks(bbh):
     assert generation == {"dyck_languages", "multistep_arithmetic_two", "word_sorting", "object_counting"}
 
 
+@pytest.mark.dataset("bbh")
 def test_load_bbh_options_and_label_sets(bbh):
     by_task = {}
     for r in bbh:
@@ -51,6 +53,7 @@ def test_load_bbh_options_and_label_sets(bbh):
     assert missing == ["Monsters, Inc", "dearth, wind, & fire", "rita, sue and bob poo"]  # upstream defects
 
 
+@pytest.mark.dataset("bbh")
 def test_load_bbh_text_style_maps_gold_to_option_text():
     rows = D.load_bbh(ROOT, ["date_understanding", "hyperbaton"], style="text")
     first = rows[0]
@@ -58,6 +61,7 @@ def test_load_bbh_text_style_maps_gold_to_option_text():
     assert all(r[S.GOLD] in r[S.OPTIONS] for r in rows)
 
 
+@pytest.mark.dataset("mgsm")
 def test_load_mgsm_eleven_languages_integer_gold():
     rows = D.load_mgsm(ROOT)
     assert Counter(r[S.TASK] for r in rows) == {lang: 250 for lang in D.MGSM_LANGUAGES}
@@ -69,6 +73,7 @@ def test_load_mgsm_eleven_languages_integer_gold():
     assert {"2125", "114200", "276000", "5600"} <= {r[S.GOLD] for r in en}  # thousands separators removed
 
 
+@pytest.mark.dataset("p3_heldout")
 def test_load_p3_counts_per_task_and_template(p3):
     rows, skipped = p3
     per_task = Counter(r[S.TASK] for r in rows)
@@ -88,6 +93,7 @@ def _find(rows, task, template, example_id):
     return next(r for r in rows if (r[S.TASK], r[S.TEMPLATE], r[S.EXAMPLE_ID]) == (task, template, example_id))
 
 
+@pytest.mark.dataset("p3_heldout")
 def test_load_p3_renders_promptsource_templates(p3):
     rows, _ = p3
     rte = _find(rows, "rte", "GPT-3 style", "0")
@@ -116,6 +122,7 @@ def test_load_p3_renders_promptsource_templates(p3):
     assert cb[S.GOLD] == "Never"  # contradiction -> index 1 of Always/Never/Sometimes
 
 
+@pytest.mark.dataset("p3_heldout")
 def test_records_rebuild_hf_fields():
     copa = D.copa_records(ROOT)
     assert copa[0] == {"idx": 0, "premise": "The man turned on the faucet.", "question": "effect",

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual, assertSchemaEqual
+from tolerance import exact
 
-from jobs import curate, tables
+from jobs.infra import tables
+from jobs.receval import curate
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import curation as CU
@@ -63,7 +65,7 @@ def test_rules_unknown_metric_is_a_clear_error(make_settings):
 
 def test_quantile_bounds_exact_over_reference(spark, make_settings):
     cfg = make_settings(*RULES).curation
-    assert curate.quantile_bounds(_scores(spark, "h"), cfg) == {"inter": pytest.approx(0.7)}
+    assert curate.quantile_bounds(_scores(spark, "h"), cfg) == {"inter": exact(0.7)}  # a hand-built score
 
 
 def test_transform_hand_built_scores_exact_split_with_reasons(spark, make_settings):
@@ -119,10 +121,11 @@ def test_run_tables_counts_pass_rates_and_labels(spark, make_settings):
     assertDataFrameEqual(rejected, exp_rejected)
     assert result.counts == {"batch": 5, "decided": 5, "curated": 1, "rejected": 4, "run_passed": 1,
                              "run_failed": 4, "reconciled": 1}
-    assert result.pass_rates == pytest.approx({"all": 0.2, T: 0.6, Q: 0.6, A: 0.6, M: 0.8})
+    # Rates are counts over 5 chains and bounds hand-built scores: exact in float64.
+    assert result.pass_rates == exact({"all": 0.2, T: 0.6, Q: 0.6, A: 0.6, M: 0.8})
     # clean is binary: passed = {c1}; clean = {c1, c2, c5}. QUAL is ordinal: no precision/recall.
-    assert result.labels == {"clean": {"precision": 1.0, "recall": pytest.approx(1 / 3), "n": 5.0}}
-    assert [r["id"] for r in result.rules] == [T, Q, A, M] and result.rules[1]["bound"] == pytest.approx(0.7)
+    assert result.labels == {"clean": {"precision": 1.0, "recall": exact(1 / 3), "n": 5.0}}
+    assert [r["id"] for r in result.rules] == [T, Q, A, M] and result.rules[1]["bound"] == exact(0.7)
     assert set(result.histograms) == {"intra_entail", "intra_pvi", "inter", "info_gain"}
     assert all(png.startswith(b"\x89PNG") for png in result.histograms.values())
 
@@ -184,6 +187,31 @@ def test_run_quantile_reference_table(spark, make_settings, tmp_path):
     settings = make_settings("curation.quantiles={inter: 0.5}", f"curation.quantile_reference={ref_path}")
     _setup(spark, settings)
     result = curate.run(spark, settings, run_id="run-1")
-    assert result.rules[0]["bound"] == pytest.approx(0.3)
+    assert result.rules[0]["bound"] == exact(0.3)
     rejected = tables.read(spark, settings.table("rejected")).select(CU.CHAIN_ID).collect()
     assert [r[0] for r in rejected] == ["c3"]
+
+
+def test_change_feed_of_curated_returns_only_the_new_nights_rows(spark, make_settings):
+    """A downstream reader of `curated`/`rejected` takes what a night added from the Delta change data feed."""
+    settings = make_settings(*RULES)
+    _setup(spark, settings)
+    curate.run(spark, settings, run_id="night-1")
+    after_night_1 = {n: tables.version(spark, settings.table(n)) for n in ("curated", "rejected")}
+    night_2 = {"c6": (0.95, 0.9, True, 3), "c7": (0.1, 0.9, True, 3), "c8": (0.8, 0.95, True, 4)}
+    tables.insert_new(spark, _scores(spark, settings.scoring_hash(), night_2), settings.table("chain_scores"),
+                      CS.SCHEMA, [CS.CHAIN_ID, CS.CONFIG_HASH])
+    curate.run(spark, settings, run_id="night-2")
+    for name in ("curated", "rejected"):
+        new = (
+            spark.read.format("delta").option("readChangeFeed", "true")
+            .option("startingVersion", after_night_1[name] + 1).load(settings.table(name))
+            .where(F.col("_change_type") == "insert")
+            .drop("_change_type", "_commit_version", "_commit_timestamp")
+        )
+        expected = tables.read(spark, settings.table(name)).where(F.col(CU.RUN_ID) == "night-2")
+        assertDataFrameEqual(new, expected)
+        assert {r[0] for r in new.select(CU.CHAIN_ID).collect()} <= set(night_2)
+    # The night-2 bound of inter (median over its 3 chains) is 0.9: c6, c8 pass it, c7 fails its threshold.
+    assert {r[0] for r in tables.read(spark, settings.table("curated")).where(F.col(CU.RUN_ID) == "night-2")
+            .select(CU.CHAIN_ID).collect()} == {"c6", "c8"}

@@ -2,15 +2,14 @@ from __future__ import annotations
 
 import pytest
 
-from jobs import eb_challenge, tables
-from jobs.config import PerturbSettings, resolve_path
+from jobs.infra import tables
+from jobs.metaeval import eb_challenge
 from schemas import meta_eval as M
 
 
 @pytest.mark.slow
+@pytest.mark.dataset("entailment_bank")
 def test_main_end_to_end_small(spark, make_settings, tiny_models, tmp_path):
-    if not resolve_path(PerturbSettings().eb_task1_test).exists():
-        pytest.skip("EntailmentBank test files not on this machine")
     settings = make_settings()
     argv = []
     for pair in [f"paths.lake={settings.paths.lake}", f"paths.checkpoints={settings.paths.checkpoints}",

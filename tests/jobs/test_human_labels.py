@@ -5,10 +5,11 @@ from collections import Counter
 
 import pandas as pd
 import pytest
+from conftest import require_datasets
 
-from jobs import human_labels as H
-from jobs import tables
-from jobs.config import HumanLabelSettings, resolve_path
+from jobs.infra import tables
+from jobs.infra.config import HumanLabelSettings
+from jobs.metaeval import human_labels as H
 from schemas import chains as C
 
 ROSCOE = HumanLabelSettings()
@@ -16,13 +17,12 @@ ROSCOE = HumanLabelSettings()
 
 @pytest.fixture(scope="module")
 def gsm8k() -> list[dict]:
-    if not resolve_path(ROSCOE.annotated).exists():
-        pytest.skip("ROSCOE annotations not on this machine")
+    require_datasets("roscoe_gsm8k")
     return H.load(ROSCOE)
 
 
 def test_load_error_counts_match_roscoe_readme(gsm8k):
-    # Chains with >= 1 "yes", as counted independently in shared/data/roscoe/README.md.
+    # Chains with >= 1 "yes", as counted independently by the ROSCOE mirror's README (see conf/datasets.yaml).
     errors = Counter(k for r in gsm8k for k, v in r[C.LABELS].items() if k not in ("QUAL", "COH") and v == 0.0)
     assert dict(errors) == {"FACT": 56, "LOGIC": 57, "HALL": 8, "RED": 13, "REP": 2, "COM": 58, "MATH": 7}
     assert len(gsm8k) == 200 and len({r[C.CHAIN_ID] for r in gsm8k}) == 200

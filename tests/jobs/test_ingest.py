@@ -10,11 +10,13 @@ from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 from pyspark.testing import assertSchemaEqual
 
-from jobs import ingest, tables
-from jobs.config import IngestSettings
-from jobs.ingest import RowError, content_hash, validate
+from jobs.infra import tables
+from jobs.infra.config import IngestSettings
+from jobs.receval import ingest
+from jobs.receval.ingest import RowError, validate
 from schemas import chains as C
 from schemas import quarantine as Q
+from schemas.chains import content_hash
 
 CFG = IngestSettings(max_field_chars=200, max_steps=5)
 GOOD = {"chain_id": "c1", "context": "Ann has 3 apples.", "steps": ["She buys 2.", "So she has 5."], "answer": "5"}

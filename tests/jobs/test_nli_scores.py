@@ -1,9 +1,8 @@
-"""jobs.nli_scores: pair generation per history option, dedup, step scores, quarantine, the job end to end."""
+"""jobs.receval.nli_scores: pair generation per history option, dedup, step scores, quarantine, the job end to end."""
 
 from __future__ import annotations
 
 import functools
-import math
 import sys
 from pathlib import Path
 
@@ -13,9 +12,11 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual, assertSchemaEqual
+from tolerance import EXACT_ABS, EXACT_REL, exact, prob_approx
 
-from jobs import nli_scores, tables
-from jobs.config import PerturbSettings, Settings, resolve_path
+from jobs.infra import tables
+from jobs.infra.config import PROJECT_ROOT, PerturbSettings, Settings, resolve_path
+from jobs.receval import nli_scores
 from schemas import quarantine as Q
 from schemas import step_scores as SS
 from schemas import steps as S
@@ -24,7 +25,8 @@ from udfs.runtime import ModelUnavailable
 # The fake NLI below runs in Spark's Python workers, which cannot import this test module by name.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-EB_TEST = resolve_path(PerturbSettings().eb_task1_test)
+EB_TEST = resolve_path(PerturbSettings().eb_task1_test)  # the whole set: @pytest.mark.dataset("entailment_bank")
+EB_HEAD = PROJECT_ROOT / "tests" / "data" / "entailment_bank" / "task_1_test_head.jsonl"  # its first 8 trees
 
 
 # -- a deterministic fake NLI: probabilities are a known function of the pair --------------------------
@@ -123,33 +125,34 @@ def test_transform_exact_values_per_history_option(spark, make_settings, intra_h
     assertSchemaEqual(result.schema, nli_scores.OUTPUT_SCHEMA)
     rows = _sorted(result)  # one Spark job: the machine is shared
     expected = [Row(**dict(zip(nli_scores.OUTPUT_SCHEMA.names, r, strict=True))) for r in reference(CHAINS, intra_history, inter_history)]
-    assertDataFrameEqual(rows, expected, atol=1e-12)
+    # The fake's probabilities are exact rationals: the job's float64 arithmetic on them keeps them exact.
+    assertDataFrameEqual(rows, expected, rtol=EXACT_REL, atol=EXACT_ABS)
 
     got = {(r[S.CHAIN_ID], r[S.STEP_IDX]): r for r in rows}
     # Hand-computed: fake (entail, neutral, contradiction) = (len p, len h, 10) / (len p + len h + 10).
-    assert got[("one", 0)][SS.INTRA_ENTAIL] == pytest.approx(1 / 12)  # "p" -> "q"
-    assert got[("one", 0)][SS.INTER] == pytest.approx(3 / 13)  # "ab" -> "q"; the blank sentence is skipped
+    assert got[("one", 0)][SS.INTRA_ENTAIL] == exact(1 / 12)  # "p" -> "q"
+    assert got[("one", 0)][SS.INTER] == exact(3 / 13)  # "ab" -> "q"; the blank sentence is skipped
     assert got[("two", 0)][SS.INTRA_ENTAIL] == 1.0 and got[("two", 0)][SS.INTRA_PREMISE] is None
-    assert got[("two", 0)][SS.INTER] == pytest.approx(9 / 19)  # "wxyz1" -> "c0c0"
+    assert got[("two", 0)][SS.INTER] == exact(9 / 19)  # "wxyz1" -> "c0c0"
     assert got[("five", 0)][SS.INTER] == 1.0 and got[("five", 0)][SS.INTER_WORST_SOURCE] is None
     two_1, five_4 = got[("two", 1)], got[("five", 4)]
     if intra_history == "none":
-        assert two_1[SS.INTRA_PREMISE] == "pp" and two_1[SS.INTRA_ENTAIL] == pytest.approx(2 / 14)
+        assert two_1[SS.INTRA_PREMISE] == "pp" and two_1[SS.INTRA_ENTAIL] == exact(2 / 14)
         assert five_4[SS.INTRA_PREMISE] == "a4"
         assert got[("five", 2)][SS.INTRA_ENTAIL] == 1.0  # no premise RCUs and no history: no premise text
     else:
-        assert two_1[SS.INTRA_PREMISE] == "pp and c0c0" and two_1[SS.INTRA_ENTAIL] == pytest.approx(11 / 23)
+        assert two_1[SS.INTRA_PREMISE] == "pp and c0c0" and two_1[SS.INTRA_ENTAIL] == exact(11 / 23)
         assert five_4[SS.INTRA_PREMISE] == (
             "a4 and k0 and k11 and k222 and k3" if intra_history == "all" else "a4 and k222 and k3"
         )
     # step 1 of "two": "c0c0" (10/16) contradicts more than "wxyz1" (10/17) whenever step 0 is in the history.
-    assert two_1[SS.INTER] == pytest.approx(6 / 16)
+    assert two_1[SS.INTER] == exact(6 / 16)
     assert (two_1[SS.INTER_WORST_PREMISE], two_1[SS.INTER_WORST_SOURCE]) == ("c0c0", "step:0")
     if inter_history == "all":  # "k0" and "k3" tie (length 2): the earlier one is reported
         assert (five_4[SS.INTER_WORST_PREMISE], five_4[SS.INTER_WORST_SOURCE]) == ("k0", "step:0")
     else:
         assert (five_4[SS.INTER_WORST_PREMISE], five_4[SS.INTER_WORST_SOURCE]) == ("k3", "step:3")
-    assert five_4[SS.INTER] == pytest.approx(8 / 18)
+    assert five_4[SS.INTER] == exact(8 / 18)
 
 
 SHARED = ["the shared first sentence", "the shared second sentence", "the shared first sentence"]
@@ -196,7 +199,7 @@ def test_run_counts_pairs_sent_and_writes_step_scores(spark, make_settings, tmp_
     table = tables.read(spark, settings.table("step_scores"))
     assertSchemaEqual(table.schema, SS.SCHEMA)
     one = table.where(F.col(SS.CHAIN_ID) == "one").collect()[0]
-    assert one[SS.INTRA_ENTAIL] == pytest.approx(1 / 12) and one[SS.INTER] == pytest.approx(3 / 13)
+    assert one[SS.INTRA_ENTAIL] == exact(1 / 12) and one[SS.INTER] == exact(3 / 13)
     assert one[SS.CONFIG_HASH] == settings.scoring_hash()
     assert one[SS.NLI_MODEL] == settings.models.nli.path and one[SS.NLI_REVISION].startswith("sha256:")
     assert one[SS.INTRA_PVI] is None  # other stages' columns untouched
@@ -249,11 +252,11 @@ def test_run_missing_paper_model_names_it_and_writes_nothing(spark, make_setting
 
 
 # -- the tiny model: invariance and the EB test set end to end ---------------------------------------------
-def eb_chains(limit: int | None = None) -> list[Chain]:
+def eb_chains(path: Path, limit: int | None = None) -> list[Chain]:
     """EB task_1 test trees as chains: premise RCUs = parents not yet mentioned, conclusion = the child."""
     from udfs import entailment_bank as eb
 
-    rows = eb.load_jsonl(EB_TEST)[:limit]
+    rows = eb.load_jsonl(path)[:limit]
     chains: list[Chain] = []
     for row, chain_id in zip(rows, eb.chain_ids(rows), strict=True):
         steps = eb.fresh_steps(eb.parse_proof(row["proof"]), eb.node_texts(row))
@@ -263,7 +266,7 @@ def eb_chains(limit: int | None = None) -> list[Chain]:
 
 
 def test_transform_tiny_model_invariant_to_batch_size_and_partitions(spark, make_settings, spread_nli):
-    chains = eb_chains(8)
+    chains = eb_chains(EB_HEAD, 8)
     steps, contexts = frames(spark, chains, "h")
     before = spark.conf.get("spark.sql.shuffle.partitions")
     results = {}
@@ -288,13 +291,14 @@ def test_transform_tiny_model_invariant_to_batch_size_and_partitions(spark, make
                 b[S.CHAIN_ID], b[S.STEP_IDX], b[SS.INTER_WORST_PREMISE]
             ), key
             for col in (SS.INTRA_ENTAIL, SS.INTER, SS.INTER_MAX_CONTRADICTION):
-                assert math.isclose(a[col], b[col], abs_tol=1e-5), (key, col)
+                assert a[col] == prob_approx(b[col]), (key, col)  # float32 softmax probabilities
 
 
 @pytest.mark.slow
+@pytest.mark.dataset("entailment_bank")
 def test_main_eb_test_chains_end_to_end_with_tiny_model(spark, make_settings, tiny_models):
     settings = make_settings("nli.max_length=64")
-    chains = eb_chains()
+    chains = eb_chains(EB_TEST)
     assert len(chains) == 340
     _write_inputs(spark, settings, chains)
     overrides = [f"--set={k}" for k in ("nli.max_length=64",)]

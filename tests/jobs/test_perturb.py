@@ -3,10 +3,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import require_datasets
 
-from jobs import perturb as P
-from jobs import tables
-from jobs.config import PerturbSettings, resolve_path
+from jobs.infra import tables
+from jobs.infra.config import PerturbSettings
+from jobs.metaeval import perturb as P
 from schemas import chains as C
 from udfs import entailment_bank as EB
 
@@ -15,8 +16,7 @@ CFG = PerturbSettings()
 
 @pytest.fixture(scope="module")
 def eb():
-    if not resolve_path(CFG.eb_task1_test).exists():
-        pytest.skip("EntailmentBank test files not on this machine")
+    require_datasets("entailment_bank")
     return P.kept_rows(CFG)
 
 
@@ -173,8 +173,7 @@ def test_resources_without_paraphrase_model(make_settings):
 
 
 def test_run_writes_chains_once(spark, make_settings):
-    if not resolve_path(CFG.eb_task1_test).exists():
-        pytest.skip("EntailmentBank test files not on this machine")
+    require_datasets("entailment_bank")
     settings = make_settings("perturb.types=[REP,REMOVE,PAR]", "perturb.max_rows=10",
                              "models.paraphrase.path=/nonexistent/model")
     report = P.run(spark, settings)

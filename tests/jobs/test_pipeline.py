@@ -19,9 +19,10 @@ from pipeline_fakes import QUARANTINE_MARK, Fakes
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from jobs import pipeline, tables
-from jobs.config import PROJECT_ROOT
-from jobs.tracking import JobRun
+from jobs.infra import tables
+from jobs.infra.config import PROJECT_ROOT
+from jobs.infra.tracking import JobRun
+from jobs.receval import pipeline
 
 SAMPLE = PROJECT_ROOT / "tests" / "data" / "sample_lake"
 # Columns a rerun legitimately changes: when a row was written and by which run.
@@ -94,13 +95,14 @@ def clean_run(spark, tmp_path_factory) -> CleanRun:
     settings = _clean_settings(root / "input", root / "lake", root)
     fakes = Fakes()
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    # Jobs log to the standard error as it is at each record (jobs.infra.logs).
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         summary = _run(spark, settings, fakes)
     return CleanRun(root / "input", root / "lake", summary, fakes, out.getvalue())
 
 
 def _clean_settings(lake_input: Path, lake: Path, tmp: Path, *extra: str):
-    from jobs.config import load_settings
+    from jobs.infra.config import load_settings
 
     return load_settings(overrides=[
         f"paths.lake={lake}", f"mlflow.tracking_uri=sqlite:///{tmp}/mlruns.db", "spark.master=local[2]",
@@ -133,9 +135,12 @@ def test_run_scores_every_valid_chain_once(spark, clean_run):
     assert hashes == {settings.scoring_hash()}
 
 
-def test_run_prints_progress_per_batch(clean_run):
-    assert "[pipeline] scores: 24 chains to do" in clean_run.output
-    assert "[pipeline] scores: batch 2/2 committed, 24/24 chains (100%)" in clean_run.output
+def test_run_logs_progress_per_batch(clean_run):
+    lines = clean_run.output.splitlines()
+    # One format for every line: time, level, logger, message.
+    assert any(line.endswith("INFO jobs.receval.pipeline: [pipeline scores] 24 chains to do") for line in lines)
+    assert "INFO jobs.receval.pipeline: [pipeline] scores: batch 2/2 committed, 24/24 chains (100%)" in clean_run.output
+    assert "[pipeline scores] 24/24 chains (100%)" in clean_run.output  # the closing line: rate, ETA, elapsed
     assert "[pipeline] ingest: read=28 new chains=24 already present=0 quarantined=4" in clean_run.output
 
 
@@ -178,6 +183,25 @@ def test_run_new_input_file_scores_only_its_chains(spark, clean_run, tmp_path):
     assertDataFrameEqual(
         _stable(spark, settings, "chain_scores").where(~F.col("chain_id").isin(*new_ids)), old_scores
     )
+
+
+def test_main_dry_run_counts_per_stage_and_changes_nothing(spark, clean_run, tmp_path, capsys):
+    shutil.copytree(clean_run.input, tmp_path / "input")
+    settings = _copy_of_clean(clean_run, tmp_path, f"ingest.input={tmp_path / 'input'}")
+    _new_chains_file(tmp_path / "input", ["dry-a", "dry-b"])
+    before = _state(spark, settings)
+    argv = [f"--set=paths.lake={settings.paths.lake}", f"--set=ingest.input={tmp_path / 'input'}",
+            f"--set=mlflow.tracking_uri=sqlite:///{tmp_path}/dry.db", "--set=pipeline.batch_chains=12", "--dry-run"]
+    with pytest.raises(SystemExit) as stop:
+        pipeline.main(argv, transforms=Fakes().transforms())
+    assert stop.value.code == 0
+    assert _state(spark, settings) == before  # every table's version and row count
+    assert not (tmp_path / "dry.db").exists()  # no MLflow run either
+    out = capsys.readouterr().out
+    assert "ingest: reads 3 input files (1 new or changed)" in out and "would add 2 chains" in out
+    assert "steps: would do 2 chains (0 waiting now, up to 2 from the stages before)" in out
+    assert f"reads  chains: version {before['chains'][0]}, 24 rows" in out
+    assert f"writes chain_scores: version {before['chain_scores'][0]}, 24 rows, 24 under config hash" in out
 
 
 @pytest.mark.slow  # 2-3 min each on 2 cores: CI runs them in make test-slow
@@ -287,6 +311,10 @@ def test_main_logs_parent_run_with_stage_children(spark, make_settings, tmp_path
     assert "curation/hist_intra_entail.png" in artifacts and "curation/rules.json" in artifacts
     reports = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert reports == {"report/pipeline_report.html"}
+    # The Delta tables each stage read and wrote, with their versions, as MLflow dataset inputs.
+    written = {(d.dataset.name, d.tags[0].value) for d in by_name["scores"].inputs.dataset_inputs}
+    assert written == {("steps", "input"), ("contexts", "input"), ("step_scores", "output")}
+    assert parent.info.status == "FINISHED" and all(c.info.status == "FINISHED" for c in children)
 
 
 # -- real stages (spaCy steps, tiny NLI / T5 / GPT-2 models) -----------------------------------------------
@@ -321,7 +349,7 @@ def test_main_killed_driver_then_rerun_equals_clean_run(spark, tiny_models, tmp_
     clean_lake, killed_lake = tmp_path / "clean", tmp_path / "killed"
     pipeline.main(_real_argv(clean_lake, tmp_path, lake_input))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "jobs.pipeline", *_real_argv(killed_lake, tmp_path, lake_input)]
+    cmd = [sys.executable, "-m", "jobs.receval.pipeline", *_real_argv(killed_lake, tmp_path, lake_input)]
     proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)
     marker = "[pipeline] scores: batch 1/"
@@ -342,7 +370,7 @@ def test_main_killed_driver_then_rerun_equals_clean_run(spark, tiny_models, tmp_
     assert 0 < scored < 24
     settings = pipeline.main(_real_argv(killed_lake, tmp_path, lake_input))
     assert settings.rows_after["chain_scores"] > 0
-    from jobs.config import load_settings
+    from jobs.infra.config import load_settings
 
     _assert_lakes_equal(spark, load_settings(overrides=[f"paths.lake={killed_lake}"], environ={}),
                         load_settings(overrides=[f"paths.lake={clean_lake}"], environ={}))

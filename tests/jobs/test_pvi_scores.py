@@ -1,4 +1,4 @@
-"""jobs.pvi_scores: exact request strings, hand-computed intra_pvi / info_gain with a fake LM, n+1 passes."""
+"""jobs.receval.pvi_scores: exact request strings, hand-computed intra_pvi / info_gain with a fake LM, n+1 passes."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
+from tolerance import exact, loglik_approx
 
-from jobs import pvi_scores as P
+from jobs.receval import pvi_scores as P
 from schemas import step_scores as SS
 from schemas import steps as ST
 from udfs import loglik
@@ -98,16 +99,17 @@ def test_transform_hand_computed_scores(spark, make_settings):
     got = {(r.chain_id, r.step_idx): r for r in P.transform(steps_df, ctx, settings, fake_lm).collect()}
     assert len(got) == 3
     a, b, c = got[("c1", 0)], got[("c1", 1)], got[("c2", 0)]
+    # The fake LM's scores are exact rationals; the job's arithmetic on them is float64.
     # g: len("Generate entailed sentence: None ->") = 35; g': len(" cats purr") = 10
-    assert (a.pvi_g_logp, a.pvi_null_logp, a.intra_pvi) == pytest.approx((-0.35, -1.0, 0.65))
+    assert (a.pvi_g_logp, a.pvi_null_logp, a.intra_pvi) == exact((-0.35, -1.0, 0.65))
     # g: len("Generate entailed sentence: it is warm & cats purr ->") = 53; g': len(" cats are happy") = 15
-    assert (b.pvi_g_logp, b.pvi_null_logp, b.intra_pvi) == pytest.approx((-0.53, -1.5, 0.97))
+    assert (b.pvi_g_logp, b.pvi_null_logp, b.intra_pvi) == exact((-0.53, -1.5, 0.97))
     # L(0) = -len(" Therefore,")/10 = -1.1; L(1) = -len(" Cats purr. Therefore,")/10 = -2.2;
     # L(2) = -len(" Cats purr. It is warm, so cats are happy. Therefore,")/10 = -5.3
-    assert (a.ig_l_prev, a.ig_l, a.info_gain) == pytest.approx((-1.1, -2.2, -1.1))
-    assert (b.ig_l_prev, b.ig_l, b.info_gain) == pytest.approx((-2.2, -5.3, -3.1))
+    assert (a.ig_l_prev, a.ig_l, a.info_gain) == exact((-1.1, -2.2, -1.1))
+    assert (b.ig_l_prev, b.ig_l, b.info_gain) == exact((-2.2, -5.3, -3.1))
     # no answer: no information gain, the PVI still there; g: len("Generate entailed sentence: dogs ->") = 35
-    assert c.info_gain is None and c.ig_l is None and c.intra_pvi == pytest.approx(-0.35 + 1.0)
+    assert c.info_gain is None and c.ig_l is None and c.intra_pvi == exact(-0.35 + 1.0)
     assert {r.error for r in got.values()} == {None}
     assert a.config_hash == "h" and a.pvi_model == settings.models.pvi_g.path
     assert a.ig_model == settings.models.info_gain.path
@@ -127,9 +129,9 @@ def test_transform_n_plus_one_info_gain_passes_and_one_null_pass_per_conclusion(
     assert len({c[1] for c in ig}) == n + 1
     assert sorted(c[2] for c in calls if c[0] == "pvi_null") == [" a", " b", " c"]
     assert len([c for c in calls if c[0] == "pvi_g"]) == n
-    # info gains telescope: their sum is L(n) - L(0)
+    # info gains telescope: their sum is L(n) - L(0) (the fake's float64 values: exact)
     by_idx = {r.step_idx: r for r in rows}
-    assert sum(r.info_gain for r in rows) == pytest.approx(by_idx[n - 1].ig_l - by_idx[0].ig_l_prev)
+    assert sum(r.info_gain for r in rows) == exact(by_idx[n - 1].ig_l - by_idx[0].ig_l_prev)
 
 
 def test_transform_gives_the_scorer_each_chains_info_gain_passes_together(spark, make_settings, tmp_path):
@@ -151,7 +153,7 @@ def test_transform_gives_the_scorer_each_chains_info_gain_passes_together(spark,
 def test_transform_quarantine_mode_marks_failing_step(spark, make_settings):
     steps_df, ctx = frames(spark, [*CHAIN, step("c3", 0, 1, "A boom.", [], "boom")], {"c1": "yes", "c3": "no"})
     rows = {(r.chain_id, r.step_idx): r for r in P.transform(steps_df, ctx, make_settings(), fake_lm).collect()}
-    assert rows[("c1", 0)].error is None and rows[("c1", 1)].intra_pvi == pytest.approx(0.97)
+    assert rows[("c1", 0)].error is None and rows[("c1", 1)].intra_pvi == exact(0.97)
     bad = rows[("c3", 0)]
     assert "boom in the input" in bad.error and bad.intra_pvi is None
 
@@ -164,8 +166,7 @@ def test_transform_fail_mode_raises(spark, make_settings):
 
 @pytest.mark.slow
 def test_run_writes_step_scores_and_quarantine(spark, make_settings):
-    from jobs import tables
-
+    from jobs.infra import tables
     settings = make_settings()
     h = settings.scoring_hash()
     steps = [
@@ -181,7 +182,7 @@ def test_run_writes_step_scores_and_quarantine(spark, make_settings):
     assert counts == {"steps_in": 3, "steps_scored": 2, "steps_quarantined": 1, "steps_truncated": 0}
     out = tables.read(spark, settings.table("step_scores")).orderBy(SS.STEP_IDX).collect()
     assert [(r.chain_id, r.step_idx, r.config_hash) for r in out] == [("c1", 0, h), ("c1", 1, h)]
-    assert out[1].info_gain == pytest.approx(-3.1) and out[1].intra_pvi == pytest.approx(0.97)
+    assert out[1].info_gain == exact(-3.1) and out[1].intra_pvi == exact(0.97)
     assert out[0].intra_entail is None  # NLI columns are another job's
     q = tables.read(spark, settings.table("quarantine")).where(F.col("stage") == "pvi").collect()
     assert [(r.chain_id, r.reason) for r in q] == [("c3", "scoring_error")]
@@ -203,5 +204,8 @@ def test_transform_real_tiny_models_match_direct_scores(spark, make_settings, ti
     null = loglik.score(t5, t5_tok, "seq2seq", ["Generate entailed sentence: None ->"], [" cats are happy"])[0]
     ls = loglik.score(gpt, gpt_tok, "causal", [" Cats purr. Therefore,",
                                                " Cats purr. It is warm, so cats are happy. Therefore,"], [" yes"] * 2)
-    assert rows[1].intra_pvi == pytest.approx(g - null.mean_logprob, abs=1e-5)
-    assert rows[1].info_gain == pytest.approx(ls[1].mean_logprob - ls[0].mean_logprob, abs=1e-5)
+    # Differences of float32 log-likelihoods (other batches in the job): tolerance scaled by both terms.
+    assert rows[1].intra_pvi == loglik_approx(g - null.mean_logprob, g, null.mean_logprob)
+    l0, l1 = (x.mean_logprob for x in ls)
+    assert rows[1].info_gain == loglik_approx(l1 - l0, l1, l0)
+    assert rows[1].pvi_g_logp == loglik_approx(g) and rows[1].ig_l == loglik_approx(l1)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs import report
-from jobs.curate import CurationResult
+from jobs.receval import report
+from jobs.receval.curate import CurationResult
 from schemas import chain_scores as CS
 from schemas import step_scores as SS
 from schemas import steps as ST
@@ -117,10 +117,12 @@ def test_render_in_headless_chromium_screenshot(tmp_path: Path):
 def test_build_from_pipeline_run_reports_worst_chain(spark, make_settings, tmp_path):
     from pipeline_fakes import Fakes
 
-    from jobs import pipeline, tables
-    from jobs.tracking import JobRun
+    from jobs.infra import tables
+    from jobs.infra.tracking import JobRun
+    from jobs.receval import pipeline
 
-    settings = make_settings("pipeline.batch_chains=100", "pipeline.progress=plain", "pipeline.report_worst_n=2")
+    settings = make_settings("pipeline.batch_chains=100", "pipeline.progress=plain", "pipeline.report_worst_n=2",
+                             "mlflow.enabled=false")
     summary = pipeline.run(spark, settings, JobRun("pipeline", settings), Fakes().transforms())
     page = summary.report_html
     assert page is not None and "chains curated in this run" in page
@@ -131,4 +133,34 @@ def test_build_from_pipeline_run_reports_worst_chain(spark, make_settings, tmp_p
     section = page.split("<h3>intra_entail</h3>")[1].split("<h3>")[0]
     assert section.index(f"<b>{lowest}</b>") >= 0
     assert section.count('<div class="chain">') == 2
-    assert page.count("data:image/png;base64,") == 4  # one histogram per metric
+    assert page.count("data:image/png;base64,") == 5  # one histogram per metric, the night-over-night chart
+    # Written next to the lake too (MLflow is off here), the same page.
+    assert Path(summary.report_file).parent == Path(settings.paths.lake) / "_reports"
+    assert Path(summary.report_file).read_text() == page
+    # Quarantine by reason: the sample lake's 4 bad rows, all quarantined by this run.
+    expected = (
+        tables.read(spark, settings.table("quarantine")).groupBy("stage", "reason").count().collect()
+    )
+    quarantine = page.split("<h2>Quarantine by reason</h2>")[1].split("<h2>")[0]
+    assert sum(r["count"] for r in expected) == 4
+    for r in expected:
+        assert (f"<tr><td>{r['stage']}</td><td>{report.esc(r['reason'])}</td><td class=\"num\">{r['count']}</td>"
+                f"<td class=\"num\">{r['count']}</td></tr>") in quarantine
+
+
+def test_night_quantiles_per_scoring_date_and_chart(spark):
+    import datetime as dt
+
+    rows = []
+    for day, values in ((29, [0.1, 0.2, 0.3, 0.4, 0.5]), (30, [0.6, 0.7, 0.8, 0.9, 1.0])):
+        for i, v in enumerate(values):
+            row = {f.name: None for f in CS.SCHEMA.fields}
+            row.update({CS.CHAIN_ID: f"{day}-{i}", CS.CONFIG_HASH: "h", CS.N_STEPS: 1, CS.min_col("inter"): v,
+                        CS.SCORED_AT: dt.datetime(2026, 11, day, 23, 30)})
+            rows.append(row)
+    got = report.night_quantiles(spark.createDataFrame(rows, CS.SCHEMA))
+    # percentile_approx over 5 values returns one of them: 5 % -> the 1st, 25 % -> 2nd, median 3rd, ...
+    assert got["inter"] == [("2026-11-29", [0.1, 0.2, 0.3, 0.4, 0.5]), ("2026-11-30", [0.6, 0.7, 0.8, 0.9, 1.0])]
+    assert got["intra_entail"] == []  # no values: no box
+    assert report.nights_png(got)[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.nights_png({m: [] for m in got}) is None

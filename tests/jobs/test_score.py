@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
+from tolerance import EXACT_FRAME
 
-from jobs import score
+from jobs.receval import score
 from schemas import step_scores as SS
 from schemas import steps as ST
 
@@ -49,7 +50,7 @@ def test_transform_joins_scores_and_quarantines_whole_chains(spark, settings):
           m.nli.path, None, m.pvi_g.path, m.pvi_null.path, m.info_gain.path, None) for i in range(2)],
         SS.SCHEMA,
     )
-    assertDataFrameEqual(good.drop(SS.SCORED_AT), expected.drop(SS.SCORED_AT))
+    assertDataFrameEqual(good.drop(SS.SCORED_AT), expected.drop(SS.SCORED_AT), **EXACT_FRAME)
     assert good.where(F.col(SS.SCORED_AT).isNull()).count() == 0
     got = sorted((r["chain_id"], r["reason"], r["detail"], r["source"]) for r in bad.collect())
     assert got == [
@@ -61,8 +62,7 @@ def test_transform_joins_scores_and_quarantines_whole_chains(spark, settings):
 
 
 def test_run_writes_once_and_reruns_add_nothing(spark, settings):
-    from jobs import tables
-
+    from jobs.infra import tables
     h = settings.scoring_hash()
     args = (spark, settings, _steps(spark, h), _contexts(spark, h), "run-1")
     first = score.run(*args, nli=_nli, pvi=_pvi)

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-import pytest
 from pyspark.sql import Row
+from tolerance import exact
 
-from jobs import select_chains as S
+from jobs.receval import select_chains as S
 from schemas import chain_scores as CS
 from schemas import chains as C
 
@@ -49,10 +49,10 @@ def test_picks_known_best_chain(spark, make_settings):
         ("q4", "informativeness"): ("q4-1", False), ("q4", "both"): ("q4-1", False),
         ("q4", "self_consistency"): ("q4-0", True),  # 1-1 tie: the earliest sample's answer
     }
-    acc = {r[S.METHOD]: (r["n_questions"], r["accuracy"]) for r in S.accuracy(got).collect()}
-    assert acc == {"greedy": (3, pytest.approx(2 / 3)), "correctness": (3, pytest.approx(1 / 3)),
-                   "informativeness": (3, pytest.approx(2 / 3)), "both": (3, pytest.approx(2 / 3)),
-                   "self_consistency": (3, pytest.approx(2 / 3))}
+    acc = {r[S.METHOD]: (r["n_questions"], r["accuracy"]) for r in S.accuracy(got).collect()}  # exact: k / 3
+    assert acc == {"greedy": (3, exact(2 / 3)), "correctness": (3, exact(1 / 3)),
+                   "informativeness": (3, exact(2 / 3)), "both": (3, exact(2 / 3)),
+                   "self_consistency": (3, exact(2 / 3))}
 
 
 def test_picks_sum_combination(spark, make_settings):

@@ -1,16 +1,16 @@
-"""jobs.steps: step boundaries, a_hat, the pandas-UDF transform, reconciliation and idempotent writes."""
+"""jobs.receval.steps: step boundaries, a_hat, the pandas-UDF transform, reconciliation and idempotent writes."""
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual, assertSchemaEqual
+from tolerance import EXACT_FRAME
 
-from jobs import steps as J
-from jobs.config import Settings, resolve_path
+from jobs.infra.config import PROJECT_ROOT, Settings
+from jobs.receval import steps as J
 from schemas import chains as C
 from schemas import quarantine as Q
 from schemas import steps as S
@@ -129,7 +129,7 @@ def test_explode_records_edge_cases_give_rows(opts):
 
 
 # ------------------------------------------------------------------------------------------ Spark
-EB_TEST = resolve_path(Settings().perturb.eb_task1_test)
+EB_TEST = PROJECT_ROOT / "tests" / "data" / "entailment_bank" / "task_1_test_head.jsonl"  # first 8 trees
 
 
 def _chains_df(spark, records):
@@ -142,8 +142,7 @@ def _records(n_eb: int = 4) -> list[dict]:
         {**chain("edge", steps=EDGE_STEPS, answer="12"), C.CONTENT_HASH: "h2"},
         {**chain("empty", chain_text="   "), C.CONTENT_HASH: "h3"},
     ]
-    if Path(EB_TEST).exists():
-        recs += eb.to_chains(eb.load_jsonl(EB_TEST)[:n_eb])
+    recs += eb.to_chains(eb.load_jsonl(EB_TEST)[:n_eb])
     return recs
 
 
@@ -161,12 +160,14 @@ def test_transform_frames(spark, settings):
     assertDataFrameEqual(
         steps.where(F.col(S.CHAIN_ID) == "natalia"),
         spark.createDataFrame([(*e, "position", extractor) for e in expected], S.SCHEMA),
+        **EXACT_FRAME,
     )
     assertDataFrameEqual(
         contexts.where(F.col(S.CHAIN_ID) == "natalia"),
         spark.createDataFrame(
             [("natalia", h, ["Natalia sold clips in April.", "How many?"], "72", "indicator")], S.CONTEXTS_SCHEMA
         ),
+        **EXACT_FRAME,
     )
     # reconciliation: one step row per step of every chain, every chain either exploded or quarantined
     good = [r for r in recs if r[C.CHAIN_ID] != "empty"]
@@ -190,15 +191,14 @@ def test_transform_invariant_to_partitions_and_batch_size(spark, make_settings):
     base = J.transform(_chains_df(spark, recs).coalesce(1), make_settings("steps.batch_size=1"))[0]
     other = J.transform(_chains_df(spark, recs).repartition(3), make_settings("steps.batch_size=64"))[0]
     cols = [c for c in S.SCHEMA.fieldNames() if c != S.CONFIG_HASH]  # batch_size is part of the hash
-    assertDataFrameEqual(base.select(cols), other.select(cols))
+    assertDataFrameEqual(base.select(cols), other.select(cols), **EXACT_FRAME)
 
 
 @pytest.mark.slow
 def test_run_reads_chains_writes_reconciles_and_is_idempotent(spark, settings):
     from delta.tables import DeltaTable
 
-    from jobs import tables
-
+    from jobs.infra import tables
     recs = _records(n_eb=2)
     df = _chains_df(spark, recs)
     tables.insert_new(spark, df, settings.table("chains"), C.SCHEMA, [C.CHAIN_ID])

@@ -7,16 +7,17 @@ from collections import Counter
 
 import pytest
 
-from jobs.config import resolve_path
+from jobs.infra.config import CotSettings, resolve_path
 from udfs import cot_text
 
-BBH = resolve_path("../shared/data/cot/bbh/bbh")
+BBH = resolve_path(CotSettings().data_root) / "bbh" / "bbh"
 
 
 def bbh(task: str) -> list[dict]:
     return json.loads((BBH / f"{task}.json").read_text())["examples"]
 
 
+@pytest.mark.dataset("bbh")
 def test_parse_options_date_understanding_first_example():
     parsed = cot_text.parse_options(bbh("date_understanding")[0]["input"])
     assert parsed == [
@@ -41,6 +42,7 @@ def test_parse_options_date_understanding_first_example():
         ("movie_recommendation", None),
     ],
 )
+@pytest.mark.dataset("bbh")
 def test_parse_options_varying_counts_on_real_inputs(task, counts):
     found = Counter(len(cot_text.parse_options(ex["input"])) for ex in bbh(task))
     if counts is not None:
@@ -53,6 +55,7 @@ def test_parse_options_varying_counts_on_real_inputs(task, counts):
         assert letters == [chr(ord("A") + i) for i in range(len(letters))]
 
 
+@pytest.mark.dataset("bbh")
 def test_parse_options_gold_letter_is_an_option_except_known_defects():
     defects = []
     for task in ("date_understanding", "ruin_names", "movie_recommendation", "penguins_in_a_table", "snarks"):
@@ -63,6 +66,7 @@ def test_parse_options_gold_letter_is_an_option_except_known_defects():
     assert sorted(defects) == ["Monsters, Inc", "dearth, wind, & fire", "rita, sue and bob poo"]
 
 
+@pytest.mark.dataset("bbh")
 def test_parse_options_dash_lists_and_none():
     navigate = bbh("navigate")[0]["input"]
     assert cot_text.parse_options(navigate) == [(None, "Yes"), (None, "No")]

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from conftest import require_datasets
 
-from jobs.config import Settings, resolve_path
+from jobs.infra.config import Settings, resolve_path
 from udfs import entailment_bank as eb
 
 EB_TEST = resolve_path(Settings().perturb.eb_task1_test)
@@ -14,8 +13,7 @@ EB_TEST = resolve_path(Settings().perturb.eb_task1_test)
 
 @pytest.fixture(scope="module")
 def eb_list() -> list[dict]:
-    if not Path(EB_TEST).exists():
-        pytest.skip(f"EntailmentBank data not found at {EB_TEST}")
+    require_datasets("entailment_bank")
     return eb.load_jsonl(EB_TEST)
 
 
@@ -101,8 +99,8 @@ def test_context_joins_facts_and_question(eb_rows):
 
 
 def test_to_chain_fields(eb_rows):
-    from jobs.ingest import content_hash
     from schemas import chains as C
+    from schemas.chains import content_hash
 
     row = eb_rows["Mercury_7011270"]
     chain = eb.to_chain(row)

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 from pyspark import cloudpickle
+from tolerance import loglik_approx
 
 from udfs import loglik
 
@@ -72,8 +73,8 @@ def test_score_matches_unbatched_direct(family, batch_size, side, gpt2, t5):
     for s, t, g in zip(SOURCES, TARGETS, got, strict=True):
         want = direct(model, tok, s, t)
         assert g.n_tokens == len(want) > 0
-        assert g.sum_logprob == pytest.approx(sum(want), abs=1e-5)
-        assert g.mean_logprob == pytest.approx(sum(want) / len(want), abs=1e-5)
+        assert g.sum_logprob == loglik_approx(sum(want))
+        assert g.mean_logprob == loglik_approx(sum(want) / len(want))
         assert not g.truncated
 
 
@@ -98,7 +99,7 @@ def test_score_truncates_source_from_left_and_counts(gpt2):
     with torch.no_grad():
         logp = torch.log_softmax(model(torch.tensor([src + tgt])).logits[0].double(), -1)
     want = sum(float(logp[len(src) - 1 + j, t]) for j, t in enumerate(tgt))
-    assert got[0].sum_logprob == pytest.approx(want, abs=1e-5)
+    assert got[0].sum_logprob == loglik_approx(want)
 
 
 def test_score_empty_target_has_no_tokens(gpt2):
@@ -115,8 +116,7 @@ CHAIN_STEPS = ["The sun is a star.", "A star gives off light ", "So the sun give
 
 
 def _chain_pairs() -> tuple[list[str], list[str]]:
-    from jobs import pvi_scores as P
-
+    from jobs.receval import pvi_scores as P
     reqs = P.chain_requests(CHAIN_STEPS, [[]] * 4, ["a b", "c", "d e f", "g"], "the sun shines")
     pairs = [(r.source, r.target) for r in reqs if r.kind != P.G]
     pairs = list(dict.fromkeys(pairs))  # L(k) of step i+1 = L(k) of step i: scored once, as the job does
@@ -134,10 +134,10 @@ def test_shared_prefix_scores_equal_separate_scoring(gpt2, batch_size, max_lengt
     assert [(s.n_tokens, s.truncated) for s in shared] == [(s.n_tokens, s.truncated) for s in alone]
     assert any(s.truncated for s in alone) == (max_length == 20)  # the short limit cuts sources from the left
     for got, want in zip(shared, alone, strict=True):
-        assert got.sum_logprob == pytest.approx(want.sum_logprob, abs=1e-5)
+        assert got.sum_logprob == loglik_approx(want.sum_logprob)
     if max_length == 512:  # and both equal the direct unbatched computation
         for s, t, got in zip(sources, targets, shared, strict=True):
-            assert got.sum_logprob == pytest.approx(sum(direct_causal(model, tok, s, t)), abs=1e-5)
+            assert got.sum_logprob == loglik_approx(sum(direct_causal(model, tok, s, t)))
 
 
 def test_share_prefixes_groups_a_chains_passes_on_their_own_token_ids(gpt2):
@@ -182,7 +182,7 @@ def test_token_logprobs_hand_values():
     labels = torch.tensor([[1, -100]])
     mask = torch.tensor([[True, False]])
     got = loglik.token_logprobs(logits, labels, mask)
-    assert got[0, 0].item() == pytest.approx(math.log(0.75), abs=1e-6)
+    assert got[0, 0].item() == loglik_approx(math.log(0.75), math.log(3), math.log(4))  # float32 ln 3 - ln 4
     assert got[0, 1].item() == 0.0
 
 
@@ -207,7 +207,7 @@ def test_score_same_under_any_token_budget(gpt2, max_tokens):
     want = loglik.score(model, tok, "causal", sources, targets, batch_size=1)
     for share in (False, True):
         got = loglik.score(model, tok, "causal", sources, targets, 16, share_prefix=share, max_tokens=max_tokens)
-        assert [g.sum_logprob for g in got] == pytest.approx([w.sum_logprob for w in want], abs=1e-5)
+        assert [g.sum_logprob for g in got] == loglik_approx([w.sum_logprob for w in want])
 
 
 def _fake_factory():
@@ -244,5 +244,5 @@ def test_loglik_udf_real_model_matches_score(spark, tiny_models, gpt2):
     want = {(s, t): g for s, t, g in zip(SOURCES, TARGETS, loglik.score(model, tok, "causal", SOURCES, TARGETS), strict=True)}
     assert len(rows) == len(SOURCES)
     for r in rows:
-        assert r.r.sum_logprob == pytest.approx(want[(r.source, r.target)].sum_logprob, abs=1e-5)
+        assert r.r.sum_logprob == loglik_approx(want[(r.source, r.target)].sum_logprob)
         assert r.r.n_tokens == want[(r.source, r.target)].n_tokens

@@ -8,8 +8,9 @@ import sys
 import numpy as np
 import pytest
 from pyspark import cloudpickle
+from tolerance import EXACT_REL, exact, prob_approx
 
-from jobs.tiny_models import NLI_LABEL2ID
+from jobs.infra.tiny_models import NLI_LABEL2ID
 from udfs import nli
 
 # Fakes defined here run in Spark's Python workers, which cannot import this test module by name.
@@ -41,7 +42,7 @@ def test_softmax_labels_hand_computed():
     # logits ln1, ln2, ln5 -> softmax 1/8, 2/8, 5/8; label order picked by indices (entail=2, neutral=0, contra=1)
     logits = np.log(np.array([[1.0, 2.0, 5.0], [4.0, 2.0, 2.0]]))
     got = nli.softmax_labels(logits + 100.0, (2, 0, 1))  # shift-invariant, no overflow
-    np.testing.assert_allclose(got, [[5 / 8, 1 / 8, 2 / 8], [2 / 8, 4 / 8, 2 / 8]], rtol=1e-12)
+    np.testing.assert_allclose(got, [[5 / 8, 1 / 8, 2 / 8], [2 / 8, 4 / 8, 2 / 8]], rtol=EXACT_REL)  # float64
 
 
 def test_length_batches_longest_first_and_cover_every_index():
@@ -101,7 +102,7 @@ def test_predict_pairs_matches_unpadded_single_passes(spread_nli, batch_size):
     premises, hypotheses = [p for p, _ in PAIRS], [h for _, h in PAIRS]
     out = nli.predict_pairs(model, tok, premises, hypotheses, batch_size=batch_size, max_length=40)
     expected = np.array([_manual(model, tok, p, h, 40) for p, h in PAIRS])
-    np.testing.assert_allclose(out.probs, expected, atol=1e-5)
+    assert out.probs == prob_approx(expected)
     assert out.truncated.tolist() == [False, True, False, False, False, False, False]
     assert np.ptp(out.probs[:, 2]) > 1e-2  # pairs differ, so a lost order would show
 
@@ -126,7 +127,7 @@ def test_score_frame_isolates_a_poisoned_pair():
     assert frame[nli.ERROR].notna().tolist() == [i == 11 for i in range(16)]
     assert frame.loc[11, nli.ERROR] == "ValueError: poisoned premise"
     assert frame.loc[11, nli.ENTAIL] is None
-    assert frame.loc[0, nli.ENTAIL] == pytest.approx(9 / 20)  # len("premise 0")=9, len("h")=1, +10
+    assert frame.loc[0, nli.ENTAIL] == exact(9 / 20)  # len("premise 0")=9, len("h")=1, +10
     assert len(calls) <= 1 + 2 * math.ceil(math.log2(16))  # bisection, not one call per pair
 
 
@@ -171,7 +172,7 @@ def test_nli_udf_builds_the_predictor_once_per_task(spark):
     by_part: dict[int, set[float]] = {}
     for r in rows:
         by_part.setdefault(r["part"], set()).add(r[nli.ENTAIL])
-        assert r[nli.NEUTRAL] == pytest.approx(1 - 2 * r[nli.ENTAIL])
+        assert r[nli.NEUTRAL] == exact(1 - 2 * r[nli.ENTAIL])  # the fake's float64 values
         assert r[nli.TRUNCATED] is False and r[nli.ERROR] is None
     assert len(rows) == 40 and len(by_part) == 2
     assert all(len(values) == 1 for values in by_part.values())  # 8 Arrow batches per task, one factory call
@@ -187,5 +188,5 @@ def test_nli_udf_model_scores_in_spark_equal_plain_torch(spark, spread_nli):
     for r in rows:
         expected = _manual(model, tok, r["p"], r["h"], 40)
         got = [r["s"][nli.ENTAIL], r["s"][nli.NEUTRAL], r["s"][nli.CONTRADICTION]]
-        np.testing.assert_allclose(got, expected, atol=1e-5)
+        assert got == prob_approx(expected)
         assert r["s"][nli.TRUNCATED] == (r["p"] == PAIRS[1][0])

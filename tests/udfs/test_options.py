@@ -1,4 +1,5 @@
-"""udfs.options: prompt-shared option scores equal a direct torch computation and separate scoring (1e-5)."""
+"""udfs.options: prompt-shared option scores equal a direct torch computation and separate scoring (float32
+rounding: tests/tolerance.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 import pytest
 import torch
 from pyspark import cloudpickle
+from tolerance import loglik_approx
 
 from udfs import options as O
 
@@ -34,8 +36,8 @@ def _load(kind: str, path, scale: float = 0.05):
 
     cls = AutoModelForCausalLM if kind == "causal" else AutoModelForSeq2SeqLM
     model = cls.from_pretrained(path).eval()
-    # The random tiny heads give ~40 nats per token, where float32 rounding alone exceeds 1e-5; scaled down
-    # they give a few nats per token, as trained LMs do, so 1e-5 tests the algorithm, not the rounding.
+    # The random tiny heads give ~40 nats per token; scaled down they give a few nats per token, as trained
+    # LMs do (test_score_options_unscaled_heads_match_separate keeps the unscaled ones).
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(scale)
     return model, AutoTokenizer.from_pretrained(path)
@@ -77,9 +79,8 @@ def test_score_options_equals_direct_torch(models, family, with_prefix):
     assert [len(g) for g in got] == [len(o) for o in OPTIONS]
     for prompt, prefix, opts, scores in zip(PROMPTS, prefixes, OPTIONS, got, strict=True):
         for option, s in zip(opts, scores, strict=True):
-            # A long option sums ~100 nats in float32: relative 1e-6 is that arithmetic's rounding (1e-7 seen).
             want = direct(model, tok, family, prompt, prefix, option)
-            assert s.sum_logprob == pytest.approx(want, rel=1e-6, abs=1e-5)
+            assert s.sum_logprob == loglik_approx(want)
             assert s.n_tokens == len(tok(option, add_special_tokens=False)["input_ids"])
             assert s.n_bytes == len(option.encode())
             assert s.per_token == (s.sum_logprob / s.n_tokens if s.n_tokens else 0.0)
@@ -94,7 +95,7 @@ def test_score_options_equals_separate_loglik_score(models, family):
     separate = O.score_options_separately(model, tok, family, PROMPTS, OPTIONS, batch_size=3)
     for a, b in zip(shared, separate, strict=True):
         for x, y in zip(a, b, strict=True):
-            assert x.sum_logprob == pytest.approx(y.sum_logprob, rel=1e-6, abs=1e-5)
+            assert x.sum_logprob == loglik_approx(y.sum_logprob)
             assert (x.n_tokens, x.n_bytes) == (y.n_tokens, y.n_bytes)
 
 
@@ -103,7 +104,7 @@ def test_score_options_causal_prefix_equals_separate(models):
     shared = O.score_options(model, tok, "causal", PROMPTS, OPTIONS, PREFIXES, batch_size=4)
     separate = O.score_options_separately(model, tok, "causal", PROMPTS, OPTIONS, PREFIXES, batch_size=1)
     flat = [(x.sum_logprob, y.sum_logprob) for a, b in zip(shared, separate, strict=True) for x, y in zip(a, b, strict=True)]
-    assert all(x == pytest.approx(y, rel=1e-6, abs=1e-5) for x, y in flat)
+    assert [x for x, _ in flat] == loglik_approx([y for _, y in flat])
 
 
 @pytest.mark.parametrize("family", ["causal", "seq2seq"])
@@ -114,8 +115,7 @@ def test_score_options_unscaled_heads_match_separate(tiny_models, family):
     separate = O.score_options_separately(model, tok, family, PROMPTS, OPTIONS, batch_size=2)
     for a, b in zip(shared, separate, strict=True):
         for x, y in zip(a, b, strict=True):
-            # float32 sums of ~100 nats: relative 1e-6 is the rounding of the arithmetic itself.
-            assert x.sum_logprob == pytest.approx(y.sum_logprob, rel=1e-6, abs=1e-5)
+            assert x.sum_logprob == loglik_approx(y.sum_logprob)  # sums of up to ~330 nats
 
 
 @pytest.mark.parametrize("family", ["causal", "seq2seq"])
@@ -124,7 +124,7 @@ def test_score_options_batch_size_invariant(models, family):
     one = O.score_options(model, tok, family, PROMPTS, OPTIONS, PREFIXES if family == "causal" else None, batch_size=1)
     many = O.score_options(model, tok, family, PROMPTS, OPTIONS, PREFIXES if family == "causal" else None, batch_size=16)
     for a, b in zip(one, many, strict=True):
-        assert [s.sum_logprob for s in a] == pytest.approx([s.sum_logprob for s in b], abs=1e-5)
+        assert [s.sum_logprob for s in a] == loglik_approx([s.sum_logprob for s in b])
 
 
 class _Rows:
@@ -181,7 +181,7 @@ def test_seq2seq_projects_cross_attention_once_per_prompt(models, monkeypatch):
     monkeypatch.setattr(O, "_cross_keys", lambda *args: None)
     again = O.score_options(model, tok, "seq2seq", PROMPTS, OPTIONS, PREFIXES, batch_size=2)
     for a, b in zip(shared, again, strict=True):
-        assert [s.sum_logprob for s in a] == pytest.approx([s.sum_logprob for s in b], abs=1e-5)
+        assert [s.sum_logprob for s in a] == loglik_approx([s.sum_logprob for s in b])
 
 
 def test_score_options_truncates_shared_prompt_from_left(models):
@@ -193,7 +193,7 @@ def test_score_options_truncates_shared_prompt_from_left(models):
     opt_len = max(len(tok(o, add_special_tokens=False)["input_ids"]) for o in ["72", "seventy two"])
     ctx = tok(long_prompt, add_special_tokens=False)["input_ids"][-(32 - opt_len) :]
     text = tok.decode(ctx)
-    assert got[0][0].sum_logprob == pytest.approx(direct(model, tok, "causal", text, "", "72"), abs=1e-5)
+    assert got[0][0].sum_logprob == loglik_approx(direct(model, tok, "causal", text, "", "72"))
 
 
 # --- Spark plumbing with fake scorers -----------------------------------------------------------------------

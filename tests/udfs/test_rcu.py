@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.config import Settings
+from jobs.infra.config import Settings
 from udfs import rcu
 
 PIPELINE = Settings().models.spacy
@@ -301,7 +301,7 @@ def build_tiny_srl(out) -> str:
     from tokenizers import processors
     from transformers import BertConfig, BertForTokenClassification
 
-    from jobs.tiny_models import _save, _train_bpe
+    from jobs.infra.tiny_models import _save, _train_bpe
 
     tok = _train_bpe(400, ["[PAD]", "[UNK]", "[CLS]", "[SEP]"])
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")

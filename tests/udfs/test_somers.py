@@ -3,9 +3,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
+from tolerance import EXACT_ABS, EXACT_REL, exact
 
 from udfs import somers
+
+# Somers' D is a ratio of pair counts: exact rationals, computed in float64.
 
 
 def test_somers_d_binary_with_ties_hand_computed():
@@ -13,8 +15,8 @@ def test_somers_d_binary_with_ties_hand_computed():
     # (3,2)+ (3,1)+ (2,2)tie (2,1)+ (2,2)tie (2,1)+ -> C=4, D=0 over 6 pairs untied on the label: 4/6.
     label = [1, 1, 1, 0, 0]
     score = [3, 2, 2, 2, 1]
-    assert somers.somers_d(label, score) == pytest.approx(4 / 6)
-    assert somers.auc_d(label, score) == pytest.approx(4 / 6)
+    assert somers.somers_d(label, score) == exact(4 / 6)
+    assert somers.auc_d(label, score) == exact(4 / 6)
 
 
 def test_somers_d_label_first():
@@ -22,25 +24,25 @@ def test_somers_d_label_first():
     # concordant (3,1)>(2,0), (3,1)>(1,0), (2,1)>(1,0) twice = 4, none discordant: 4/7, not 4/6.
     label = [1, 1, 1, 0, 0]
     score = [3, 2, 2, 2, 1]
-    assert somers.somers_d(score, label) == pytest.approx(4 / 7)
-    assert somers.somers_d(label, score) != pytest.approx(somers.somers_d(score, label))
+    assert somers.somers_d(score, label) == exact(4 / 7)
+    assert somers.somers_d(label, score) != exact(somers.somers_d(score, label))
 
 
 def test_somers_d_ordinal_hand_computed():
     # Ratings 1, 2, 2, 3 with scores 0.1, 0.5, 0.3, 0.3. Pairs untied on rating: (1,2a),(1,2b),(1,3),
     # (2a,3),(2b,3) = 5. Concordant: (1,2a),(1,2b),(1,3); discordant: (2a,3) since 0.5 > 0.3; tie: (2b,3).
     # D = (3 - 1) / 5.
-    assert somers.somers_d([1, 2, 2, 3], [0.1, 0.5, 0.3, 0.3]) == pytest.approx(2 / 5)
+    assert somers.somers_d([1, 2, 2, 3], [0.1, 0.5, 0.3, 0.3]) == exact(2 / 5)
 
 
 def test_somers_d_reversed_and_constant():
-    assert somers.somers_d([1, 1, 0, 0], [0.1, 0.2, 0.8, 0.9]) == pytest.approx(-1.0)
+    assert somers.somers_d([1, 1, 0, 0], [0.1, 0.2, 0.8, 0.9]) == exact(-1.0)
     assert math.isnan(somers.somers_d([1, 1, 0, 0], [0.5, 0.5, 0.5, 0.5]))
     assert math.isnan(somers.somers_d([1, 1, 1], [0.1, 0.2, 0.3]))
 
 
 def test_somers_d_drops_missing_scores():
-    assert somers.somers_d([1, 1, 0, 0], [0.9, float("nan"), 0.1, 0.2]) == pytest.approx(1.0)
+    assert somers.somers_d([1, 1, 0, 0], [0.9, float("nan"), 0.1, 0.2]) == exact(1.0)
 
 
 def test_auc_d_matches_scipy_on_random_ties():
@@ -48,13 +50,13 @@ def test_auc_d_matches_scipy_on_random_ties():
     for _ in range(20):
         y = rng.integers(0, 2, 40)
         s = rng.integers(0, 5, 40).astype(float)  # many ties
-        assert somers.auc_d(y, s) == pytest.approx(somers.somers_d(y, s))
+        assert somers.auc_d(y, s) == exact(somers.somers_d(y, s))
 
 
 def test_auc_d_vectorised():
     y = np.array([[1, 0, 1, 0], [1, 1, 0, 0]])
     s = np.array([[1.0, 0.0, 0.0, 1.0], [0.9, 0.8, 0.1, 0.1]])
-    np.testing.assert_allclose(somers.auc_d(y, s), [0.0, 1.0])
+    np.testing.assert_allclose(somers.auc_d(y, s), [0.0, 1.0], rtol=EXACT_REL, atol=EXACT_ABS)
 
 
 def test_bootstrap_ci_seeded_and_covers_estimate():

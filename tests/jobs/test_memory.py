@@ -1,0 +1,116 @@
+"""Memory that does not creep: every job run twice in one session leaves nothing persisted behind.
+
+Each job releases every frame it cached when it is done (jobs.infra.tables.Held) and Delta's cached table
+states (tables.release_table_state); checked by what Spark itself reports: no persisted RDD, an empty cache
+manager, and storage memory back to where it started.
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pipeline_fakes import Fakes
+
+from jobs.infra.config import PROJECT_ROOT, load_settings
+from jobs.infra.tracking import JobRun
+
+SAMPLE = PROJECT_ROOT / "tests" / "data" / "sample_lake"
+
+
+def held(spark) -> tuple[int, bool, int]:
+    """(persisted RDDs, whether the cache manager holds a plan, storage memory used in bytes)."""
+    rdds = spark.sparkContext._jsc.sc().getPersistentRDDs().size()
+    cached = not spark._jsparkSession.sharedState().cacheManager().isEmpty()
+    return rdds, cached, _storage_used(spark)
+
+
+def _storage_used(spark) -> int:
+    # Broadcast blocks also live in storage memory; they go once Python and the JVM dropped their handles and
+    # Spark's cleaner saw it: collect both first, so what remains is what somebody still holds.
+    jvm = spark.sparkContext._jvm
+    for _ in range(10):
+        gc.collect()
+        jvm.System.gc()
+        time.sleep(0.3)
+        used = int(jvm.org.apache.spark.SparkEnv.get().memoryManager().storageMemoryUsed())
+        if used == 0:
+            break
+    return used
+
+
+def twice(spark, job: Callable[[], object], name: str) -> None:
+    before = held(spark)
+    job()
+    job()
+    assert held(spark) == (0, False, before[2]), name
+
+
+def _overrides(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        f"paths.lake={tmp_path / 'lake'}", f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlruns.db",
+        f"mlflow.artifact_location={tmp_path}/mlartifacts", "spark.master=local[2]", "spark.shuffle_partitions=2",
+        f"ingest.input={tmp_path / 'input'}", "pipeline.batch_chains=16", "pipeline.progress=plain",
+        "pipeline.stages=[ingest,steps,scores,aggregate,curate]", "curation.quantiles={inter: 0.25}",
+        "select.criteria=[correctness]", "meta_eval.bootstrap_resamples=10", "meta_eval.include_baselines=false",
+        *extra,
+    ]
+
+
+def _argv(overrides: list[str]) -> list[str]:
+    return [f"--set={o}" for o in overrides]
+
+
+@pytest.fixture
+def night(spark, tmp_path) -> list[str]:
+    """The overrides of a lake with two nights of the pipeline (fake stages), each run twice in batches."""
+    from jobs.receval import pipeline
+
+    shutil.copytree(SAMPLE, tmp_path / "input")
+    overrides = _overrides(tmp_path)
+    settings = load_settings(overrides=overrides, environ={})
+
+    def run() -> None:
+        pipeline.run(spark, settings, JobRun("pipeline", settings), Fakes().transforms())
+
+    night_two = (tmp_path / "input" / "gsm8k_sample.jsonl").read_text().replace('"chain_id": "', '"chain_id": "n2-')
+    twice(spark, run, "pipeline (night one)")
+    (tmp_path / "input" / "night2.jsonl").write_text(night_two)
+    twice(spark, run, "pipeline (night two: 24 new chains)")
+    return overrides
+
+
+@pytest.mark.slow  # four pipeline nights and twelve job runs: 5-15 min on 2 shared cores
+def test_jobs_twice_in_one_session_release_what_they_hold(spark, night, tmp_path):
+    from jobs.metaeval import meta_eval
+    from jobs.receval import aggregate, curate, export, ingest, select_chains
+
+    argv = _argv(night)
+    twice(spark, lambda: ingest.main(argv), "ingest")
+    twice(spark, lambda: aggregate.main(argv), "aggregate")
+    twice(spark, lambda: curate.main(argv), "curate")
+    twice(spark, lambda: select_chains.main(argv), "select_chains")
+    twice(spark, lambda: meta_eval.main(argv), "meta_eval")
+    twice(spark, lambda: export.main([*argv, f"--set=export.output={tmp_path / 'out'}"]), "export")
+
+
+@pytest.mark.slow  # real spaCy and tiny models: several minutes on 2 cores
+def test_model_jobs_twice_in_one_session_release_what_they_hold(spark, night, tiny_models):
+    from jobs.cot import evaluate as cot_eval
+    from jobs.metaeval import baselines
+    from jobs.receval import nli_scores, pvi_scores, steps
+
+    argv = _argv([
+        *night, "steps.boundary=newline", "runtime.device=cpu", "baselines.groups=[rouge,li]", "cot.datasets=[]",
+        "cot.custom_path=tests/data/cot_custom.jsonl", "cot.max_new_tokens=6", "cot.direct_max_new_tokens=4",
+        "cot.bootstrap_resamples=20",
+    ])
+    twice(spark, lambda: steps.main(argv), "steps")
+    twice(spark, lambda: nli_scores.main(argv), "nli_scores")
+    twice(spark, lambda: pvi_scores.main(argv), "pvi_scores")
+    twice(spark, lambda: baselines.main(argv), "baselines")
+    twice(spark, lambda: cot_eval.main(argv), "cot_eval")
