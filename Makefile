@@ -5,31 +5,52 @@ BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): a test file's tests stay in one process, so its module fixtures run once.
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 
-.PHONY: setup run test test-slow test-manual test-full test-all lint bench clean
+.PHONY: setup data run test test-slow test-manual test-full test-all lint bench clean
 
-$(STAMP): pyproject.toml
-	test -x $(PYTHON) || $(PY) -m venv $(VENV)
-	$(PYTHON) -m pip install -q --upgrade pip
-	$(PYTHON) -m pip install -q -e ".[dev]"
-	rm -f $(VENV)/.installed-* && touch $(STAMP)
+# Java first: Spark cannot start without 17+, so a missing or old one fails before pip downloads anything.
+.PHONY: check-java
+check-java:
+	@sh scripts/check_java.sh
+
+# $(call timed,WHAT,COMMAND): a line when a setup step starts and one with its duration when it ends, so a
+# first setup (minutes of downloads) says what it is waiting for.
+timed = t0=$$(date +%s); echo "setup: $(1) ..."; $(2) && echo "setup: $(1) done in $$(($$(date +%s) - t0)) s"
+
+$(STAMP): pyproject.toml | check-java
+	@$(call timed,Python packages (PyPI -> $(VENV)/), \
+	  { test -x $(PYTHON) || $(PY) -m venv $(VENV); } && \
+	  $(PYTHON) -m pip install -q --upgrade pip && \
+	  $(PYTHON) -m pip install -q -e ".[dev]")
+	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 # Python packages, the Delta jars (once from Maven Central, then offline) and the tiny offline models.
+# The start time is taken when make reads this file, before the steps above run.
+setup: SETUP_T0 := $(shell date +%s)
 setup: $(STAMP)
-	$(PYTHON) -m jobs.jars
-	$(PYTHON) -m jobs.tiny_models --out models
+	@$(call timed,Delta jars (Maven Central -> .jars/),$(PYTHON) -m jobs.infra.jars)
+	@$(call timed,tiny offline models (-> models/),$(PYTHON) -m jobs.infra.tiny_models --out models)
+	@echo "setup: done in $$(($$(date +%s) - $(SETUP_T0))) s"
+
+# The public datasets (conf/datasets.yaml) from their pinned upstreams, or FROM=DIR a local mirror; each verified.
+data: setup
+	$(PYTHON) -m jobs.infra.data fetch --all $(if $(FROM),--from $(FROM))
 
 # The main job on the bundled sample lake, embedded Spark, offline model profile.
 run: setup
-	$(PYTHON) -m jobs.pipeline $(ARGS)
+	$(PYTHON) -m jobs.receval.pipeline $(ARGS)
 
-# Default test set (about 15 minutes on 2 cores); slow and cluster tests run in CI too.
+# Default test set (budget 8 minutes on 2 cores, docs/TESTING.md); slow and cluster tests run in CI too.
 test: setup
-	$(PYTHON) -m pytest -m "not slow and not cluster and not gpu and not full and not manual" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest $(XDIST) -m "not slow and not cluster and not gpu and not full and not manual" $(PYTEST_ARGS)
 
-# Exit code 5 (nothing collected) is not a failure here.
+# Slow and cluster tests; the cluster file runs in one process while the others take the other. Exit code 5
+# (nothing collected) is not a failure here.
 test-slow: setup
-	$(PYTHON) -m pytest -m "(slow or cluster) and not gpu and not full and not manual" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PYTHON) -m pytest $(XDIST) -m "(slow or cluster) and not gpu and not full and not manual" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # Long extra checks kept out of CI's time budget (local[1] submit, ingest partition cases); run by hand.
 test-manual: setup

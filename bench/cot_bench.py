@@ -34,7 +34,7 @@ def _cpu() -> str:
 
 def bench_models(root: Path, d_model: int, layers: int) -> dict[str, tuple[Path, str]]:
     """Timing-sized random T5 and GPT-2 (bigger than the test models, so model time, not Python, dominates)."""
-    from jobs.tiny_models import build_gpt2, build_t5
+    from jobs.infra.tiny_models import build_gpt2, build_t5
 
     t5, gpt2 = root / f"bench-t5-{d_model}x{layers}", root / f"bench-gpt2-{d_model}x{layers}"
     if not (t5 / "config.json").exists():
@@ -61,14 +61,14 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from jobs.config import resolve_path
-    from jobs.cot_data import load_bbh
+    from jobs.cot.data import load_bbh
+    from jobs.infra.config import CotSettings, resolve_path
     from udfs.cot_text import direct_prompt
     from udfs.loglik import score
     from udfs.options import score_options
 
     torch.set_num_threads(args.threads)
-    rows = [r for r in load_bbh(resolve_path("../shared/data/cot")) if r["options"] is not None]
+    rows = [r for r in load_bbh(resolve_path(CotSettings().data_root)) if r["options"] is not None]
     if args.limit:
         seen: dict[str, int] = {}
         kept = []
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         f"- Inputs: {len(rows)} examples from {n_tasks} BBH classification tasks "
         f"({'all' if not args.limit else f'first {args.limit} per task'}), Direct prompt `source + \"\\n[ANSWER] \"`, "
         f"options as letters / label sets; max_length {args.max_length}.",
-        f"- Models: random T5 / GPT-2 from jobs.tiny_models, d_model {args.d_model}, {args.layers} layers "
+        f"- Models: random T5 / GPT-2 from jobs.infra.tiny_models, d_model {args.d_model}, {args.layers} layers "
         "(timing-sized; accuracy is meaningless).",
         f"- Shared: `udfs.options.score_options` (prompt encoded once per example, batch {args.batch_size}, "
         f"at most {args.max_batch_tokens or 'no'} padded positions per batch); "

@@ -6,7 +6,7 @@ parameters, built into a tmp folder) standing in for g, g' and the information-g
 - raw:      the passes actually needed (n+1 per chain for info gain, g per step, g' per distinct conclusion),
             deduplicated, length-sorted and batched, shared prefixes run once (a chain's L(k), the constant g'
             source), in one process, no Spark;
-- spark:    jobs.pvi_scores.transform on local[2] (models warmed up in the workers first).
+- spark:    jobs.receval.pvi_scores.transform on local[2] (models warmed up in the workers first).
 Throughput = needed target tokens / wall seconds (the same numerator for all three).
 
     .venv/bin/python bench/lm_bench.py [--chains 120] [--device cuda --dtype bf16]
@@ -27,7 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-EB_TEST = ROOT / "../shared/data/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_1/test.jsonl"
+from jobs.infra.config import PerturbSettings, resolve_path  # noqa: E402
+
+EB_TEST = resolve_path(PerturbSettings().eb_task1_test)  # python -m jobs.infra.data fetch entailment_bank
 
 
 def eb_chains(limit: int) -> list[dict]:
@@ -53,7 +55,7 @@ def eb_chains(limit: int) -> list[dict]:
 
 def official(model, tok, chains, device, stats=None) -> float:
     """Unbatched: for each step L(i) and L(i-1) recomputed, g and g' passes (4 passes per step)."""
-    from jobs import pvi_scores as P
+    from jobs.receval import pvi_scores as P
     from udfs import loglik
 
     start = time.perf_counter()
@@ -65,8 +67,7 @@ def official(model, tok, chains, device, stats=None) -> float:
 
 
 def needed_pairs(chains) -> list[tuple[str, str]]:
-    from jobs import pvi_scores as P
-
+    from jobs.receval import pvi_scores as P
     pairs = {(r.role, r.source, r.target) for c in chains
              for r in P.chain_requests(c["steps"], c["premises"], c["conclusions"], c["answer"])}
     return sorted(pairs)
@@ -84,7 +85,7 @@ def raw(model, tok, pairs, batch_size, device, max_tokens=None, stats=None) -> f
 
 
 def spark_run(spark, settings, chains) -> float:
-    from jobs import pvi_scores as P
+    from jobs.receval import pvi_scores as P
     from schemas import steps as ST
 
     steps = [(c["chain_id"], "h", i, len(c["steps"]), text, prem, concl, "given", "position", "eb")
@@ -117,8 +118,8 @@ def main(argv=None) -> None:
 
     import torch
 
-    from jobs.config import load_settings
-    from jobs.tiny_models import build_gpt2
+    from jobs.infra.config import load_settings
+    from jobs.infra.tiny_models import build_gpt2
     from udfs import loglik, runtime
 
     tmp = Path(tempfile.mkdtemp(prefix="lm_bench_"))
@@ -145,7 +146,7 @@ def main(argv=None) -> None:
     print(f"official shape: {t_off:.1f}s, {off_work.positions} positions in {off_work.forwards} forwards")
     bound = off_work.positions / need_work.positions
 
-    from jobs.session import build_session
+    from jobs.infra.session import build_session
 
     ref = f"{{path: {model_dir}, family: causal}}"
     settings = load_settings(overrides=[
@@ -191,7 +192,7 @@ def main(argv=None) -> None:
 |---|---|---|---|
 | official shape (unbatched loop, 4 passes/step) | {t_off:.1f} | {rate['official']:.0f} | 1.00x |
 | raw batched forward of the needed passes (no Spark) | {t_raw:.1f} | {rate['raw']:.0f} | {t_off / t_raw:.2f}x |
-| jobs.pvi_scores.transform on local[2] | {t_spark:.1f} | {rate['spark']:.0f} | {vs_official:.2f}x |
+| jobs.receval.pvi_scores.transform on local[2] | {t_spark:.1f} | {rate['spark']:.0f} | {vs_official:.2f}x |
 
 Spark job time / raw batched time = {vs_raw:.2f} (target <= 1.3); Spark vs official = {vs_official:.2f}x
 (target >= 2.5x on CPU, >= 20x on GPU).

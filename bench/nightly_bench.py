@@ -68,9 +68,9 @@ def machine() -> str:
 def run_nights(spark, size: int, stages: str, batch: int, new_fraction: float, work: Path) -> list[dict]:
     from pipeline_fakes import Fakes
 
-    from jobs import pipeline
-    from jobs.config import load_settings
-    from jobs.tracking import JobRun
+    from jobs.infra.config import load_settings
+    from jobs.infra.tracking import JobRun
+    from jobs.receval import pipeline
 
     inp, lake = work / f"input-{size}", work / f"lake-{size}"
     shutil.rmtree(inp, ignore_errors=True)
@@ -135,8 +135,8 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="append the table to bench/RESULTS.md")
     args = parser.parse_args()
 
-    from jobs.config import SparkSettings
-    from jobs.session import build_session
+    from jobs.infra.config import SparkSettings
+    from jobs.infra.session import build_session
 
     spark = build_session(SparkSettings(master="local[2]", shuffle_partitions=2, app_name="nightly-bench"),
                           extra={"spark.driver.memory": "3g"})

@@ -1,4 +1,4 @@
-"""NLI pairs/s: the Spark job (jobs.nli_scores.transform) vs an unbatched per-pair loop vs raw batched passes.
+"""NLI pairs/s: the Spark job (jobs.receval.nli_scores.transform) vs an unbatched per-pair loop vs raw batched passes.
 
 Same distinct pairs (EntailmentBank task_1 test chains) for all three, a MiniLM-sized cross-encoder (the pip
 MiniLM weights with a random 3-label head), measured in one run and appended to bench/RESULTS.md.
@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jobs.config import PerturbSettings, resolve_path  # noqa: E402
+from jobs.infra.config import PerturbSettings, resolve_path  # noqa: E402
 
 
 def eb_chains(n: int):
@@ -89,10 +89,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    from jobs import nli_scores
-    from jobs.config import load_settings
-    from jobs.session import build_session
-    from jobs.tiny_models import build_nli_from_encoder
+    from jobs.infra.config import load_settings
+    from jobs.infra.session import build_session
+    from jobs.infra.tiny_models import build_nli_from_encoder
+    from jobs.receval import nli_scores
     from udfs import nli, runtime
 
     model_dir = Path(args.model_dir)

@@ -1,6 +1,6 @@
 """The whole ReCEval scoring, three ways, on one synthetic workload: pipeline vs official shape vs raw forwards.
 
-(a) pipeline: jobs.score.score_steps + split + jobs.aggregate.transform on Spark (local[2] by default), after a
+(a) pipeline: jobs.receval.score.score_steps + split + jobs.receval.aggregate.transform on Spark (local[2] by default), after a
     warm-up that starts the Python workers and loads the models;
 (b) official: the reference code's shape in one process: one unbatched forward per NLI pair (duplicates
     included) and four unbatched LM passes per step (g, g', L(i-1), L(i));
@@ -91,7 +91,7 @@ class Models:
 
 
 def build_models(root: Path, size: str) -> Models:
-    from jobs.tiny_models import build_gpt2, build_nli, build_nli_from_encoder, build_t5
+    from jobs.infra.tiny_models import build_gpt2, build_nli, build_nli_from_encoder, build_t5
     from udfs import runtime
 
     t5_d, t5_l, lm_d, lm_l = MODEL_SIZES[size]
@@ -114,8 +114,7 @@ ROLE_FAMILY = {"pvi_g": "seq2seq", "pvi_null": "seq2seq", "info_gain": "causal"}
 
 
 def lm_requests(chains: list[workload.Chain]) -> list:
-    from jobs import pvi_scores as P
-
+    from jobs.receval import pvi_scores as P
     return [r for c in chains for r in P.chain_requests(c.step_texts, c.premises, c.conclusions, c.answer)]
 
 
@@ -163,8 +162,7 @@ def pipeline(spark, settings, chains: list[workload.Chain]) -> int:
     """(a): the scoring transforms as the nightly job runs them, to a counted chain_scores frame."""
     from pyspark.sql import functions as F
 
-    from jobs import aggregate, score
-
+    from jobs.receval import aggregate, score
     steps, contexts = workload.frames(spark, chains)
     scored = score.score_steps(steps, contexts, settings).persist()
     good, _bad = score.split(scored)
@@ -246,8 +244,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     import torch
 
-    from jobs.config import load_settings
-    from jobs.session import build_session
+    from jobs.infra.config import load_settings
+    from jobs.infra.session import build_session
     from udfs import runtime
 
     model_root = Path(tempfile.mkdtemp(prefix="bench_models_")) if args.dry_run else Path(args.model_dir)

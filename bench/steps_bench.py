@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-from jobs import steps as J  # noqa: E402
-from jobs.config import load_settings, resolve_path  # noqa: E402
+from jobs.infra.config import HumanLabelSettings, load_settings, resolve_path  # noqa: E402
+from jobs.receval import steps as J  # noqa: E402
 from schemas import chains as C  # noqa: E402
 from udfs import entailment_bank as eb  # noqa: E402
 
-GSM8K = resolve_path("../shared/data/roscoe/generated/gsm8k.json")
+GSM8K = resolve_path(HumanLabelSettings().generated)  # python -m jobs.infra.data fetch roscoe_gsm8k
 
 
 def gsm8k_chains() -> list[dict]:
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args(argv)
 
-    from jobs.config import SparkSettings
-    from jobs.session import build_session
+    from jobs.infra.config import SparkSettings
+    from jobs.infra.session import build_session
 
     with tempfile.TemporaryDirectory() as tmp:
         settings = load_settings(overrides=[f"paths.lake={tmp}/lake", "mlflow.enabled=false"], environ={})
@@ -126,7 +126,7 @@ def record(results, settings) -> None:
         f"spaCy `{settings.models.spacy}`, boundary `{settings.steps.boundary}`, roles `{settings.steps.roles}`, "
         f"nlp.pipe batch {settings.steps.batch_size}. `bench/steps_bench.py`.",
         "Timed: the whole transform to a counted `steps` frame (spaCy already loaded in the 2 Python workers);",
-        "baseline: `jobs.steps.explode_records` in one Python process (1 core), same chains, same step count.",
+        "baseline: `jobs.receval.steps.explode_records` in one Python process (1 core), same chains, same step count.",
         "",
         "| chains | n | steps | local[2] steps/s | local[2] s | plain 1-core steps/s | speed-up |",
         "|---|---|---|---|---|---|---|",

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from jobs.infra.config import HumanLabelSettings, PerturbSettings, resolve_path
+
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared" / "data"
-EB_TEST = SHARED / "receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_1/test.jsonl"
-GSM8K = SHARED / "roscoe/generated/gsm8k.json"
+# python -m jobs.infra.data fetch entailment_bank roscoe_gsm8k
+EB_TEST = resolve_path(PerturbSettings().eb_task1_test)
+GSM8K = resolve_path(HumanLabelSettings().generated)
 WORD = re.compile(r"[A-Za-z]+|\d+")
 
 
@@ -115,7 +117,7 @@ def chains(n: int, seed: int = 0) -> list[Chain]:
 
 
 def nli_pairs(chain: Chain) -> list[tuple[str, str]]:
-    """Every NLI pair jobs.nli_scores builds for the chain (history all), in step order, duplicates kept."""
+    """Every NLI pair jobs.receval.nli_scores builds for the chain (history all), in step order, duplicates kept."""
     pairs = []
     for i, (premise, conclusion) in enumerate(zip(chain.premises, chain.conclusions, strict=True)):
         earlier = chain.conclusions[:i]

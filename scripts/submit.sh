@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Submit a job module of this project to a Spark cluster with spark-submit.
 #
-#   scripts/submit.sh --master spark://host:7077 jobs.ingest --set paths.lake=/shared/lake
-#   scripts/submit.sh spark://host:7077 jobs.pipeline --set profile=cluster
-#   scripts/submit.sh --master spark://host:7077 --conf spark.executor.memory=8g jobs.pipeline --config my.yaml
+#   scripts/submit.sh --master spark://host:7077 jobs.receval.ingest --set paths.lake=/shared/lake
+#   scripts/submit.sh spark://host:7077 jobs.receval.pipeline --set profile=cluster
+#   scripts/submit.sh --master spark://host:7077 --conf spark.executor.memory=8g jobs.receval.pipeline --config my.yaml
 #
 # Before the job module: --master URL (default $SPARK_MASTER, else local[*]), any spark-submit option
 # (--conf k=v, --executor-memory ...). The module (jobs.x) or a .py file comes next; what follows goes to
 # the job (its --config/--set). What this does:
 #   * ships jobs/, udfs/ and schemas/ to the executors as one zip (--py-files), built fresh each time;
-#   * ships the Delta jars from the jar cache (.jars/, `python -m jobs.jars`) with --jars;
+#   * ships the Delta jars from the jar cache (.jars/, `python -m jobs.infra.jars`) with --jars;
 #   * runs driver and Python workers with this project's interpreter (PYSPARK_PYTHON, default .venv/bin/python);
 #   * sets the job's spark.master setting to the same URL, so tracking tags name the real cluster.
 # Executors must see the same interpreter path and model folders (a shared or identical install).
@@ -36,7 +36,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ $# -ge 1 ] || usage
-# A master URL may also come first without --master: scripts/submit.sh spark://host:7077 jobs.pipeline
+# A master URL may also come first without --master: scripts/submit.sh spark://host:7077 jobs.receval.pipeline
 case "$1" in
   spark://*|k8s://*|mesos://*|local|local\[*|yarn) MASTER="$1"; shift; [ $# -ge 1 ] || usage ;;
 esac
@@ -46,7 +46,7 @@ SPARK_HOME="${SPARK_HOME:-$("$PY" -c 'import os, pyspark; print(os.path.dirname(
 export SPARK_HOME
 JARS="$(ls "$JARS_DIR"/*.jar 2>/dev/null | paste -sd, -)"
 if ! printf '%s' "$JARS" | grep -q 'delta-spark_'; then
-  echo "submit.sh: no Delta jars in $JARS_DIR; run '$PY -m jobs.jars' once (needs Maven Central)" >&2
+  echo "submit.sh: no Delta jars in $JARS_DIR; run '$PY -m jobs.infra.jars' once (needs Maven Central)" >&2
   exit 2
 fi
 
