@@ -198,7 +198,8 @@ def test_main_dry_run_counts_per_stage_and_changes_nothing(spark, clean_run, tmp
     assert _state(spark, settings) == before  # every table's version and row count
     assert not (tmp_path / "dry.db").exists()  # no MLflow run either
     out = capsys.readouterr().out
-    assert "ingest: reads 3 input files (1 new or changed)" in out and "would add 2 chains" in out
+    # The copied input folder's files are new paths to `input_files`; by chain id only the 2 new chains are new.
+    assert "ingest: reads 3 input files (3 new or changed)" in out and "would add 2 chains" in out
     assert "steps: would do 2 chains (0 waiting now, up to 2 from the stages before)" in out
     assert f"reads  chains: version {before['chains'][0]}, 24 rows" in out
     assert f"writes chain_scores: version {before['chain_scores'][0]}, 24 rows, 24 under config hash" in out
