@@ -131,3 +131,9 @@ def test_print_config_names_the_layer_of_every_value(tmp_path: Path, capsys, mon
     assert lines["models.nli.path"].endswith("# conf/models/offline.yaml")
     assert lines["runtime.max_length"].endswith("# conf/defaults.yaml")
     assert lines["pipeline.batch_chains"].endswith("# default (jobs/infra/config.py)")
+
+
+def test_quoted_override_is_the_text_inside_the_quotes():
+    settings = load_settings(overrides=['human_labels.error_value="yes"', "runtime.batch_size='64'"], environ={})
+    assert settings.human_labels.error_value == "yes"  # not '"yes"'
+    assert settings.runtime.batch_size == 64

@@ -577,6 +577,9 @@ def _typed(text: str, annotation: Any) -> Any:
     parsed = _parse_scalar(text)
     if annotation is None:
         return parsed
+    # A quoted value ('"yes"', "'64'") is the way to say "this text exactly": YAML's unquoting, not the quotes.
+    if isinstance(parsed, str) and len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        return parsed
     if parsed is None and (get_origin(annotation) in (Union, UnionType) and type(None) in get_args(annotation)):
         return None
     try:
