@@ -82,6 +82,9 @@ def test_job_run_logs_model_as_registered_mlflow_model(settings, tiny_models, mo
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     with job_run(settings, "train") as run:
         run.log_model(tiny_models["tiny-t5"], "pvi_g", registered_name="receval-pvi-g")
+        run.log_folder("model", tiny_models["tiny-t5"])  # the plain folder too, as train_pvi does
+    files = {a.path for a in MlflowClient(uri).list_artifacts(run.run_id, "model")}
+    assert {"model/config.json", "model/model.safetensors"} <= files
     (version,) = MlflowClient(uri).search_model_versions("name='receval-pvi-g'")
     assert version.run_id == run.run_id and int(version.version) == 1
     assert os.environ["MLFLOW_TRACKING_URI"] == uri  # the caller's environment is left as it was

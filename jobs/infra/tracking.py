@@ -100,6 +100,7 @@ class JobRun:
     artifacts: dict[str, bytes] = field(default_factory=dict)
     datasets: list[dict[str, Any]] = field(default_factory=list)
     models: list[dict[str, Any]] = field(default_factory=list)
+    folders: dict[str, str] = field(default_factory=dict)  # artifact path -> local folder (kept by path, not bytes)
     children: list[JobRun] = field(default_factory=list)
     local_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     run_id: str | None = None
@@ -232,6 +233,11 @@ class JobRun:
     def log_file(self, name: str, path: str | os.PathLike[str]) -> None:
         self.log_bytes(name, Path(path).read_bytes())
 
+    def log_folder(self, name: str, folder: str | os.PathLike[str]) -> None:
+        """A local folder as the artifact folder `name` (a replay bundle names the folder, it does not copy it)."""
+        self.folders[name] = str(folder)
+        self._send(lambda c: c.log_artifacts(self.run_id, str(folder), name))
+
     def log_table(self, name: str, path: str, version: int | None, context: str) -> None:
         """A Delta table read (context `input`) or written (`output`) at a version, as an MLflow dataset input.
 
@@ -269,6 +275,7 @@ class JobRun:
             "artifacts": {k: v.decode("latin-1") for k, v in self.artifacts.items()},
             "datasets": self.datasets,
             "models": self.models,
+            "folders": self.folders,
             "children": [c.to_bundle() for c in self.children],
         }
 
@@ -331,6 +338,8 @@ def send_bundle(bundle: dict[str, Any], uri: str, settings: Settings, parent_id:
     datasets: list[DatasetInput] = [_dataset_input(d) for d in bundle.get("datasets", [])]
     if datasets:
         client.log_inputs(run_id, datasets=datasets)
+    for name, folder in bundle.get("folders", {}).items():
+        client.log_artifacts(run_id, folder, name)
     for entry in bundle.get("models", []):
         _send_model(uri, run_id, entry)
     for child in bundle.get("children", []):

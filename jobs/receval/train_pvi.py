@@ -253,9 +253,7 @@ def main(argv: Sequence[str] | None = None) -> str | None:
         # The MLflow model (registrable, mlflow.pyfunc.load_model) and, as before, the plain folder as the run
         # artifact `model`, which the scoring job loads by path after a download.
         job.log_model(out, f"pvi_{settings.train_pvi.kind}", settings.train_pvi.registered_model)
-        for file in sorted(out.iterdir()):
-            if file.is_file():
-                job.log_file(f"model/{file.name}", file)
+        job.log_folder("model", out)
     if job.run_id is None:
         return None
     uri = f"runs:/{job.run_id}/model"
