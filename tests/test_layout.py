@@ -49,3 +49,19 @@ def test_jobs_holds_only_documented_subpackages():
     for name in SUBPACKAGES:
         doc = importlib.import_module(f"jobs.{name}").__doc__
         assert doc and len(doc.split()) >= 10, f"jobs.{name} needs a docstring saying what it holds"
+
+
+def test_a_job_run_with_python_m_logs_under_its_own_name():
+    # `python -m jobs.receval.pipeline` runs the module as __main__: a logger named by __name__ would be
+    # "__main__", outside the configured `jobs` logger, and every line it logs would be lost.
+    # (tests/jobs/test_pipeline.py::test_main_killed_driver_then_rerun_equals_clean_run reads those lines.)
+    from jobs.receval import pipeline
+
+    assert pipeline.log.name == "jobs.receval.pipeline"
+    offenders = [
+        f"{path.relative_to(PROJECT_ROOT)}"
+        for folder in ("jobs", "udfs")
+        for path in sorted((PROJECT_ROOT / folder).rglob("*.py"))
+        if "getLogger(__name__)" in path.read_text()
+    ]
+    assert offenders == [], "use logging.getLogger(__spec__.name): under python -m, __name__ is __main__"

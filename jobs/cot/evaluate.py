@@ -31,7 +31,7 @@ from jobs.infra.tracking import job
 from schemas import cot as S
 from udfs import cot_text
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)
 
 STAGE = "cot_eval"
 KEY = "_key"

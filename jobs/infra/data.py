@@ -40,7 +40,7 @@ TIMEOUT_S = 30.0  # per socket operation: connect, or a read that stalls
 PROGRESS_EVERY_S = 2.0
 RETRY_PAUSE_S = 1.0  # times the attempt number
 CHUNK = 1 << 16
-LOG = logging.getLogger(__name__)
+LOG = logging.getLogger(__spec__.name)
 
 
 class FetchError(Exception):

@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 from jobs.infra import tables
 from jobs.infra.config import Settings, resolve_path
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)
 
 # Every table a job writes (the pipeline's, meta-evaluation's, CoT evaluation's).
 TABLES = [

@@ -24,7 +24,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)
 
 _active: Progress | None = None  # the progress that `counted` reports to (one stage runs at a time)
 

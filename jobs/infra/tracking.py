@@ -35,7 +35,7 @@ import yaml
 
 from jobs.infra.config import PROJECT_ROOT, Settings, flatten, resolve_path
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)
 
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 STATUS_TAG = "receval.status_note"  # why a run ended as it did, when MLflow's status alone does not say

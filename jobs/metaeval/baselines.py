@@ -22,7 +22,7 @@ from schemas import baseline_scores as B
 from schemas import chains as C
 from udfs import roscoe
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)
 
 KEYS = [B.CHAIN_ID, B.METRIC]
 _OUT = "chain_id string, metric string, score double, model string"

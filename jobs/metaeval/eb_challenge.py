@@ -21,7 +21,7 @@ from jobs.infra.tracking import JobRun, job_run
 from jobs.metaeval import baselines, human_labels, meta_eval, perturb
 from jobs.receval import pipeline
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)
 
 STAGES = ["perturb", "human_labels", "score", "baselines", "meta_eval"]
 

@@ -23,7 +23,7 @@ from jobs.infra.tracking import job
 from schemas import chains as C
 from schemas.chains import content_hash
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)
 
 CALCULATOR = re.compile(r"<<[^<>]*>>")
 

@@ -38,7 +38,7 @@ from schemas import chains as C
 from udfs import entailment_bank as EB
 from udfs.entailment_bank import ProofStep
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)
 
 TYPES = ("HALL", "NEG", "SWAP", "REP", "PAR", "RED", "REMOVE")
 CLEAN, PERTURBED = 1.0, 0.0

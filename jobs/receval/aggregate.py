@@ -21,7 +21,7 @@ from jobs.infra.tracking import job
 from schemas import chain_scores as CS
 from schemas import step_scores as SS
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)
 
 KEYS = [CS.CHAIN_ID, CS.CONFIG_HASH]
 MODEL_COLS = [CS.NLI_MODEL, CS.PVI_MODEL, CS.PVI_NULL_MODEL, CS.IG_MODEL]

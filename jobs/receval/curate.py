@@ -25,7 +25,7 @@ from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import curation as CU
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(__spec__.name)
 
 PASSED = "passed"
 DECISION_SCHEMA = StructType(

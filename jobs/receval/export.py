@@ -26,7 +26,7 @@ from jobs.infra.tracking import job
 from schemas import chains as C
 from schemas import curation as CU
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)
 
 # From `chains`: what a reader of the exported chains needs to use them without the lake.
 TEXT = [C.DATASET, C.QUESTION_ID, C.QUESTION, C.CONTEXT, C.STEPS, C.CHAIN_TEXT, C.ANSWER, C.GOLD_ANSWER, C.LABELS]

@@ -26,7 +26,7 @@ from jobs.infra.tracking import job
 from schemas import chains as C
 from schemas import quarantine as Q
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)
 
 RAW = "raw"
 REPLACEMENT_CHAR = "\ufffd"  # what make_valid_utf8 leaves for undecodable bytes

@@ -25,7 +25,7 @@ from schemas import step_scores as SS
 from schemas import steps as S
 from udfs import nli, runtime
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)
 
 KEYS = [S.CHAIN_ID, S.CONFIG_HASH, S.STEP_IDX]
 PREMISE = "premise"

@@ -40,7 +40,7 @@ ScoreFn = Callable[[DataFrame, DataFrame, Settings], DataFrame]
 AggregateFn = Callable[[DataFrame, Settings], DataFrame]
 
 # Tables that hold rows per config hash: what `pipeline.rescore` clears for the current hash.
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)
 
 HASHED_TABLES = ["steps", "contexts", "step_scores", "chain_scores", "unscored", "curation", "curated", "rejected"]
 ALL_TABLES = ["chains", "quarantine", "input_files", *HASHED_TABLES]

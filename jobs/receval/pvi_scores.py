@@ -34,7 +34,7 @@ from schemas import step_scores as SS
 from schemas import steps as ST
 from udfs import loglik
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)
 
 ERROR = "error"  # null when every score of the step came back; read by jobs.receval.score and `run`
 TRUNCATED = "pvi_truncated"  # some source of the step was cut to max_length

@@ -33,7 +33,7 @@ from schemas import chains as C
 from schemas import steps as S
 from udfs import rcu
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)
 
 STAGE = "steps"
 _INPUT = (C.CHAIN_ID, C.CONTEXT, C.QUESTION, C.STEPS, C.CHAIN_TEXT, C.ANSWER)

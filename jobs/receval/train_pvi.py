@@ -30,7 +30,7 @@ from jobs.infra.config import Settings, TrainPviSettings, resolve_path
 from jobs.infra.progress import Progress
 from jobs.receval import pvi_scores as P
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name)
 
 KINDS = ("g", "g_null", "info_gain")
 
