@@ -113,6 +113,16 @@ def test_overrides_are_typed_by_their_field():
     assert s.pipeline.stages == ["ingest", "steps"]
 
 
+def test_config_file_reads_yes_and_no_as_their_field_types(tmp_path: Path):
+    # YAML 1.1 (PyYAML's default) reads yes/no/on/off as booleans before the field's type is known.
+    cfg = tmp_path / "labels.yaml"
+    cfg.write_text("human_labels:\n  error_value: yes\n  ok_value: 'no'\nruntime:\n  dedup: off\n"
+                   "pipeline:\n  skip_unchanged_input: true\n")
+    s = load_settings(cfg, environ={})
+    assert (s.human_labels.error_value, s.human_labels.ok_value) == ("yes", "no")
+    assert s.runtime.dedup is False and s.pipeline.skip_unchanged_input is True
+
+
 def test_print_config_names_the_layer_of_every_value(tmp_path: Path, capsys, monkeypatch):
     from jobs.infra.tables import job_args
 

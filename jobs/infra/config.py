@@ -8,13 +8,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -143,8 +152,13 @@ class IngestSettings(Section):
 
 class StepsSettings(Section):
     boundary: Literal["sentence", "newline", "given", "whole"] = "sentence"
-    roles: Literal["position", "conjunction"] = "position"
-    extractor: Literal["spacy", "srl"] = "spacy"
+    # conjunction (paper): "so/therefore" conclude, "because/since" introduce premises ("C because P" -> C);
+    # position (official code): the last unit is the conclusion. docs/design/RECEVAL.md "Roles".
+    roles: Literal["position", "conjunction"] = "conjunction"
+    # clauses: units cut at connectives and between clauses with their own subject (default; measured against
+    # EB gold in bench/RESULTS.md); spacy: verb frames from the parse + the official selection rules; srl: the
+    # same rules on frames of a BIO-tagging SRL model (steps.srl_model). docs/design/RECEVAL.md "RCUs".
+    extractor: Literal["clauses", "spacy", "srl"] = "clauses"
     srl_model: str | None = None
     batch_size: int = Field(64, ge=1)
     # Missing a_hat: the text after the last of these (case-insensitive), else the last conclusion RCU.
@@ -350,32 +364,97 @@ class CotSettings(Section):
     p3_template_list: str = "conf/p3_templates/t0_eval.yaml"
     # A JSONL file in the common example schema, evaluated beside (or instead of) the datasets above.
     custom_path: str | None = None
+    # The protocol: `official` keeps every key below at the official code's value unless a key is set on its own
+    # (each such departure is logged and printed beside the tables); `lenient` presets the departures that help
+    # models not trained with "[ANSWER]" (lenient indicators, stop at them, greedy). docs/COT_PROTOCOL.md.
+    protocol: Literal["official", "lenient"] = "official"
     direct_suffix: str = "\n[ANSWER] "
     cot_trigger: str = "\n\nLet's think step by step.\n"
     answer_join: str = "\n[ANSWER] "
     # Ranking of options for `correct`; all three are always stored and reported.
     score: Literal["sum", "per_token", "per_byte"] = "sum"
+    # Seq2seq options are scored with the tokenizer's closing special token (T5 </s>), as batch_encode_plus does
+    # in the official code; causal LMs never score EOS (lm-evaluation-harness; no official causal code).
+    score_eos: bool = True
+    # Causal LMs: trailing whitespace of the prompt moves to the front of each option (lm-evaluation-harness's
+    # _encode_pair), so " A" is scored as the model writes it rather than "A" after a lone " " token.
+    causal_move_space: bool = True
     # Encode the prompt once per example and reuse it for every option (same scores, fewer FLOPs).
     share_prompt: bool = True
-    max_new_tokens: int = Field(128, ge=1)  # CoT rationale (+ answer for generation tasks)
-    min_new_tokens: int = Field(8, ge=0)
-    direct_max_new_tokens: int = Field(32, ge=1)  # Direct generation tasks
+    # Official source handling: strip, tokenise to input_length - len(suffix) tokens (cut from the right), decode
+    # (skip_special_tokens), then append the suffix. False: the raw source, cut from the left inside the model UDFs.
+    source_roundtrip: bool = True
+    max_new_tokens: int = Field(256, ge=1)  # CoT classification rationale
+    min_new_tokens: int = Field(8, ge=0)  # CoT classification rationale
+    generation_max_new_tokens: int = Field(512, ge=1)  # CoT generation tasks (rationale + answer)
+    generation_min_new_tokens: int = Field(0, ge=0)  # CoT generation tasks: the official code sets none
+    direct_max_new_tokens: int = Field(512, ge=1)  # Direct generation tasks
     direct_stop: list[str] = Field(default_factory=list)  # e.g. ["\n"] for causal LMs that ramble
-    indicators: list[str] = Field(default_factory=lambda: ["[ANSWER]", "So the answer is", "The answer is"])
+    # Where the rationale ends (first occurrence) and the CoT generation answer starts (last occurrence).
+    indicators: list[str] = Field(default_factory=lambda: ["[ANSWER]"])
     # CoT generation: end the extracted answer at the first of these (e.g. ["\n"]); [] = official (whole rest).
     answer_until: list[str] = Field(default_factory=list)
-    # CoT classification: stop the rationale at the first indicator (the options follow it).
-    stop_at_indicator: bool = True
-    sample: bool = False  # the official code samples (top_p 0.8); the default here is greedy
+    # CoT classification: stop generating the rationale at the first indicator (official: generate, then cut).
+    stop_at_indicator: bool = False
+    no_repeat_ngram_size: int = Field(3, ge=0)  # 0: no n-gram blocking
+    sample: bool = True  # official: sampling with top_p 0.8, seeded here (cot.seed) so a rerun draws the same text
     top_p: float = Field(0.8, gt=0, le=1)
     temperature: float = Field(1.0, gt=0)
     seed: int = 0
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "fp32"  # official: fp32; auto = runtime.dtype
     batch_size: int | None = Field(None, ge=1)  # None: runtime.batch_size
-    max_length: int | None = Field(None, ge=8)  # None: runtime.max_length
+    max_length: int = Field(512, ge=8)  # official input_length (source + suffix tokens) and option length
     bootstrap_resamples: int = Field(1000, ge=10)
     confidence: float = Field(0.95, gt=0, lt=1)
     # Spark partitions for the model stages (None: spark.shuffle_partitions).
     partitions: int | None = Field(None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        # A preset fills only the keys the user left unset: an explicit key always wins over the preset.
+        if isinstance(data, dict) and data.get("protocol") == "lenient":
+            return {**LENIENT_COT, **data}
+        return data
+
+    def departures(self) -> dict[str, tuple[Any, Any]]:
+        """{key: (value here, official value)} for every protocol key that differs from the official code."""
+        values = self.model_dump()
+        return {k: (values[k], v) for k, v in OFFICIAL_COT.items() if values[k] != v}
+
+
+# The official code's value of every protocol key (kaistAI/CoT-Collection, CoT_Finetuning/src/evaluation.py,
+# Datasets_end2end.py, utils.py); docs/COT_PROTOCOL.md gives the line each follows. tests/jobs/test_cot_protocol.py
+# checks that CotSettings' defaults equal them.
+OFFICIAL_COT: dict[str, Any] = {
+    "direct_suffix": "\n[ANSWER] ",
+    "cot_trigger": "\n\nLet's think step by step.\n",
+    "answer_join": "\n[ANSWER] ",
+    "score": "sum",
+    "score_eos": True,
+    "source_roundtrip": True,
+    "max_new_tokens": 256,
+    "min_new_tokens": 8,
+    "generation_max_new_tokens": 512,
+    "generation_min_new_tokens": 0,
+    "direct_max_new_tokens": 512,
+    "direct_stop": [],
+    "indicators": ["[ANSWER]"],
+    "answer_until": [],
+    "stop_at_indicator": False,
+    "no_repeat_ngram_size": 3,
+    "sample": True,
+    "top_p": 0.8,
+    "temperature": 1.0,
+    "dtype": "fp32",
+    "max_length": 512,
+}
+# protocol=lenient: for models not trained with "[ANSWER]" (e.g. Flan-T5 zero-shot), the old defaults here.
+LENIENT_COT: dict[str, Any] = {
+    "indicators": ["[ANSWER]", "So the answer is", "The answer is"],
+    "stop_at_indicator": True,
+    "sample": False,
+}
 
 
 class PipelineSettings(Section):
@@ -516,11 +595,26 @@ def deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, A
     return merged
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML with YAML 1.2 booleans: only true/false. YAML 1.1 also reads yes/no/on/off/y/n as booleans, so
+    `error_value: yes` in a config file would reach a text field as True; as text, pydantic still turns it
+    into a boolean where the field is one."""
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"config file not found: {path}")
     with path.open() as f:
-        data = yaml.safe_load(f) or {}
+        data = yaml.load(f, Loader=_Yaml12Loader) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return data
