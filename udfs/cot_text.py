@@ -120,6 +120,12 @@ def cut_at_indicator(text: str, indicators: Sequence[str]) -> tuple[str, bool]:
     return text[:first], True
 
 
+def rationale_of(text: str, indicators: Sequence[str] = ("[ANSWER]",)) -> str:
+    """The rationale the options are scored after: official `remain_rationale`, `text.split('[ANSWER]', 1)[0].strip()`
+    (with several indicators: cut before the first of any of them)."""
+    return cut_at_indicator(text, indicators)[0].strip()
+
+
 def pick_option(options: Sequence[str], scores: Sequence[float]) -> int:
     """Index of the highest score; ties go to the first option (stable, like numpy argmax)."""
     best = 0

@@ -77,8 +77,16 @@ def generate(
     batch_size: int = 8,
     max_length: int = 512,
     device: str = "cpu",
+    no_repeat_ngram_size: int = 0,
+    clean_up_spaces: bool | None = None,
 ) -> list[Generation]:
-    """New text for every prompt, in input order (batches are formed by length, then put back)."""
+    """New text for every prompt, in input order (batches are formed by length, then put back).
+
+    `no_repeat_ngram_size` bans repeating any n-gram (the CoT Collection uses 3; transformers counts the decoder's
+    sequence, which for a causal LM includes the prompt);
+    `clean_up_spaces` is passed to decode as clean_up_tokenization_spaces (None: the tokenizer's default; the
+    official CoT evaluation decodes with True).
+    """
     from transformers import GenerationConfig, StoppingCriteriaList
 
     if family not in ("causal", "seq2seq"):
@@ -99,6 +107,7 @@ def generate(
         temperature=temperature if do_sample else None,
         top_k=None,
         num_beams=1,
+        no_repeat_ngram_size=no_repeat_ngram_size or None,
         pad_token_id=pad,
         eos_token_id=eos,
         decoder_start_token_id=model.config.decoder_start_token_id if family == "seq2seq" else None,
@@ -138,7 +147,8 @@ def generate(
                 if tok in eos_ids:
                     n = k
                     break
-            text = tokenizer.decode(row[:n], skip_special_tokens=True)
+            clean = {} if clean_up_spaces is None else {"clean_up_tokenization_spaces": clean_up_spaces}
+            text = tokenizer.decode(row[:n], skip_special_tokens=True, **clean)
             results[i] = Generation(text, n, cut[i])
     return results  # type: ignore[return-value]
 

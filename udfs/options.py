@@ -8,8 +8,15 @@ Every option of an example continues the same prompt, so the prompt is encoded o
   copy of its example's cache (`udfs.loglik.logprob_sums` with one prefix group per example, the same code
   that shares a chain's L(k) prefix).
 Numbers equal `udfs.loglik.score` on (prompt + prefix, option) pairs (same tokenisation: source and target
-encoded separately, EOS never scored) whenever nothing is truncated. Under truncation the shared prompt is cut
-from the left to fit the LONGEST option, so all options of an example see the same context.
+encoded separately, EOS not scored) whenever nothing is truncated. Two protocol switches change the option tokens:
+- `eos` (seq2seq): the option is encoded with the tokenizer's special tokens, so T5's closing `</s>` is scored
+  too, as the CoT Collection's evaluation does (`batch_encode_plus` default). It matters when one option is a
+  token prefix of another: without EOS the shorter one always scores at least as high (the longer only adds
+  negative terms), so the longer can never win; with EOS the shorter pays log p(</s>) for stopping there.
+- `move_space` (causal): trailing whitespace of the context moves to the front of every option, as
+  lm-evaluation-harness's `_encode_pair` does, so "[ANSWER] " + "A" is scored as the token " A".
+Under truncation the shared prompt is cut from the left to fit the LONGEST option, so all options of an example
+see the same context.
 
 The Spark side (`options_udf`) takes exploded (prompt, prefix, option) rows sorted by example and scores the
 rows of one example together.
@@ -68,14 +75,28 @@ class _Example:
     truncated: bool
 
 
+def _split_space(context: str) -> tuple[str, str]:
+    """(context without its trailing whitespace, that whitespace): lm-evaluation-harness's _encode_pair rule."""
+    kept = context.rstrip()
+    return kept, context[len(kept) :]
+
+
 def _encode(
     tokenizer: Any, family: str, prompts: Sequence[str], prefixes: Sequence[str], options: Sequence[Sequence[str]],
-    max_length: int,
+    max_length: int, eos: bool = False, move_space: bool = False,
 ) -> list[_Example]:  # fmt: skip
-    flat = [o for opts in options for o in opts]
-    opt_ids = tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
+    if family == "causal" and move_space:
+        split = [_split_space(p + x) for p, x in zip(prompts, prefixes, strict=True)]
+        contexts = [c for c, _ in split]
+        flat = [space + o for (_, space), opts in zip(split, options, strict=True) for o in opts]
+    else:
+        contexts = [p + x for p, x in zip(prompts, prefixes, strict=True)]
+        flat = [o for opts in options for o in opts]
+    # Seq2seq with `eos`: the tokenizer's own special tokens (T5 appends </s>), as the official code encodes options.
+    special = family == "seq2seq" and eos
+    opt_ids = tokenizer(flat, add_special_tokens=special)["input_ids"] if flat else []
     if family == "causal":
-        ctx_ids = tokenizer([p + x for p, x in zip(prompts, prefixes, strict=True)], add_special_tokens=False)["input_ids"]
+        ctx_ids = tokenizer(contexts, add_special_tokens=False)["input_ids"]
         pre_ids: list[list[int]] = [[] for _ in prompts]
     else:
         ctx_ids = tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
@@ -219,8 +240,13 @@ def score_options(
     max_length: int = 512,
     device: str = "cpu",
     max_tokens: int | None = None,
+    eos: bool = False,
+    move_space: bool = False,
 ) -> list[list[OptionScore]]:
     """Log-likelihood of every option of every example, the prompt encoded once per example.
+
+    `eos` (seq2seq) scores the tokenizer's closing token after each option; `move_space` (causal) moves the
+    context's trailing whitespace into each option (module docstring). `n_bytes` counts the option text as given.
 
     `max_tokens` caps each batch at rows x longest row positions (runtime.max_batch_tokens; see loglik).
 
@@ -233,7 +259,7 @@ def score_options(
     if len(prompts) != len(options):
         raise ValueError(f"{len(prompts)} prompts but {len(options)} option lists")
     prefixes = list(prefixes) if prefixes is not None else [""] * len(prompts)
-    examples = _encode(tokenizer, family, prompts, prefixes, options, max_length)
+    examples = _encode(tokenizer, family, prompts, prefixes, options, max_length, eos, move_space)
     run = _causal if family == "causal" else _seq2seq
     sums = run(model, tokenizer, examples, batch_size, device, max_tokens)
     return [
@@ -297,6 +323,8 @@ def model_options_factory(
     trust_remote_code: bool = False,
     share_prompt: bool = True,
     max_tokens: int | None = None,
+    eos: bool = False,
+    move_space: bool = False,
 ) -> Callable[[], OptionScoreFn]:
     """Picklable factory: on the executor, load the model once per worker and return an option scorer."""
 
@@ -304,10 +332,17 @@ def model_options_factory(
         from udfs import runtime
 
         model, tok, dev = runtime.task_model(path, family, device, dtype, revision, torch_threads, trust_remote_code)
-        fn = score_options if share_prompt else score_options_separately
+        if not share_prompt and (eos or move_space):
+            raise ValueError("share_prompt=false scores through udfs.loglik, which has no eos/move_space switch")
 
         def scorer(prompts, options, prefixes):
-            return fn(model, tok, family, prompts, options, prefixes, batch_size, max_length, dev, max_tokens)
+            if not share_prompt:
+                return score_options_separately(
+                    model, tok, family, prompts, options, prefixes, batch_size, max_length, dev, max_tokens
+                )
+            return score_options(
+                model, tok, family, prompts, options, prefixes, batch_size, max_length, dev, max_tokens, eos, move_space
+            )
 
         return scorer
 

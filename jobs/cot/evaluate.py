@@ -1,10 +1,11 @@
 """CoT Collection evaluation: evaluation files (BBH, MGSM, P3, custom JSONL) -> `cot_predictions`, `cot_metrics`.
 
-Direct and CoT modes, as in Kim et al. 2023 (docs/design/COT_EVAL.md):
-- Direct: classification scores every option after `source + "\\n[ANSWER] "` (examples exploded to one row
-  per option, log-likelihood, argmax per example); generation compares the greedy output with the gold (EM).
-- CoT: a rationale of >= min_new_tokens after `source + "\\n\\nLet's think step by step.\\n"`; classification
-  scores the options after `rationale + "\\n[ANSWER] "`; generation takes the answer after the last indicator.
+Direct and CoT modes, as in Kim et al. 2023 and its official code (docs/design/COT_EVAL.md, docs/COT_PROTOCOL.md):
+- Direct: classification scores every option (+ T5's </s>) after `source + "\\n[ANSWER] "` (examples exploded to
+  one row per option, log-likelihood, argmax per example); generation compares the output with the gold (EM).
+- CoT: a rationale of >= min_new_tokens after `source + "\\n\\nLet's think step by step.\\n"`, cut before the
+  first "[ANSWER]"; classification scores the options after `rationale + "\\n[ANSWER] "`; generation takes the
+  answer after the last "[ANSWER]".
 
     python -m jobs.cot.evaluate --set cot.datasets=[bbh] --set cot.max_examples_per_task=5
 """
@@ -45,8 +46,25 @@ class CotUdfs:
 
     options: Callable[..., Column]  # (prompt, prefix, option) -> struct(sum_logprob, n_tokens, n_bytes, ...)
     direct_generate: Callable[..., Column]  # prompt -> struct(text, n_tokens, truncated, error)
-    rationale: Callable[..., Column]  # CoT classification: stops at the indicator
+    rationale: Callable[..., Column]  # CoT classification: the rationale (options are scored after it)
     cot_generate: Callable[..., Column]  # CoT generation: rationale and answer
+    # suffix -> UDF source -> struct(prompt, truncated) (the official source round trip); None: source + suffix.
+    prompt: Callable[[str], Callable[..., Column]] | None = None
+
+
+def generator_options(cfg: CotSettings) -> dict[str, dict[str, Any]]:
+    """Keyword arguments of `udfs.generate.generate` for each of the job's three generators (official values by
+    default: evaluation.py's generate calls)."""
+    sampling = dict(do_sample=cfg.sample, top_p=cfg.top_p, temperature=cfg.temperature, seed=cfg.seed,
+                    no_repeat_ngram_size=cfg.no_repeat_ngram_size, clean_up_spaces=True)  # fmt: skip
+    return {
+        "direct_generate": dict(**sampling, max_new_tokens=cfg.direct_max_new_tokens, min_new_tokens=0,
+                                stop_strings=list(cfg.direct_stop)),  # fmt: skip
+        "rationale": dict(**sampling, max_new_tokens=cfg.max_new_tokens, min_new_tokens=cfg.min_new_tokens,
+                          stop_strings=list(cfg.indicators) if cfg.stop_at_indicator else []),  # fmt: skip
+        "cot_generate": dict(**sampling, max_new_tokens=cfg.generation_max_new_tokens,
+                             min_new_tokens=cfg.generation_min_new_tokens, stop_strings=[]),  # fmt: skip
+    }
 
 
 def build_udfs(settings: Settings) -> CotUdfs:
@@ -57,28 +75,32 @@ def build_udfs(settings: Settings) -> CotUdfs:
     if ref.family not in ("causal", "seq2seq"):
         raise ValueError(f"models.cot.family must be causal or seq2seq, got {ref.family!r}")
     batch = cfg.batch_size or rt.batch_size
-    length = cfg.max_length or rt.max_length
-    common = dict(path=ref.path, family=ref.family, device=rt.device, dtype=rt.dtype, revision=ref.revision,
+    length = cfg.max_length
+    dtype = rt.dtype if cfg.dtype == "auto" else cfg.dtype
+    common = dict(path=ref.path, family=ref.family, device=rt.device, dtype=dtype, revision=ref.revision,
                   trust_remote_code=rt.trust_remote_code, torch_threads=rt.torch_threads)  # fmt: skip
-    sampling = dict(do_sample=cfg.sample, top_p=cfg.top_p, temperature=cfg.temperature, seed=cfg.seed,
-                    batch_size=batch, max_length=length)  # fmt: skip
+    gens = generator_options(cfg)
 
-    def gen(**kw: Any) -> Callable[..., Column]:
-        return generate_udf(model_generator_factory(**common, **sampling, **kw), rt.on_row_error)
+    def gen(name: str) -> Callable[..., Column]:
+        factory = model_generator_factory(**common, batch_size=batch, max_length=length, **gens[name])
+        return generate_udf(factory, rt.on_row_error)
+
+    def prompt(suffix: str) -> Callable[..., Column]:
+        from udfs.cot_prompt import prompt_udf
+
+        return prompt_udf(ref.path, suffix, length, rt.trust_remote_code)
 
     return CotUdfs(
         options=options_udf(
             model_options_factory(**common, batch_size=batch, max_length=length, share_prompt=cfg.share_prompt,
-                                  max_tokens=rt.max_batch_tokens),
+                                  max_tokens=rt.max_batch_tokens, eos=cfg.score_eos and ref.family == "seq2seq",
+                                  move_space=cfg.causal_move_space and ref.family == "causal"),  # fmt: skip
             rt.on_row_error,
         ),
-        direct_generate=gen(max_new_tokens=cfg.direct_max_new_tokens, min_new_tokens=0, stop_strings=cfg.direct_stop),
-        rationale=gen(
-            max_new_tokens=cfg.max_new_tokens,
-            min_new_tokens=cfg.min_new_tokens,
-            stop_strings=cfg.indicators if cfg.stop_at_indicator else (),
-        ),
-        cot_generate=gen(max_new_tokens=cfg.max_new_tokens, min_new_tokens=cfg.min_new_tokens, stop_strings=()),
+        direct_generate=gen("direct_generate"),
+        rationale=gen("rationale"),
+        cot_generate=gen("cot_generate"),
+        prompt=prompt if cfg.source_roundtrip else None,
     )
 
 
@@ -101,7 +123,7 @@ def _judge(is_generation: bool) -> Callable[..., Column]:
 def _rationale_of(indicators: Sequence[str]) -> Callable[..., Column]:
     @F.pandas_udf(StringType())
     def rationale(text: pd.Series) -> pd.Series:
-        return pd.Series([None if t is None else cot_text.cut_at_indicator(t, indicators)[0] for t in text])
+        return pd.Series([None if t is None else cot_text.rationale_of(t, indicators) for t in text])
 
     return rationale
 
@@ -188,7 +210,12 @@ def transform(
     """
     keep = hold if hold is not None else (lambda df: df)
     suffix = cfg.direct_suffix if mode == "direct" else cfg.cot_trigger
-    base = examples.withColumn(KEY, _key()).withColumn(S.PROMPT, F.concat(F.col(S.SOURCE), F.lit(suffix)))
+    if udfs.prompt is not None:  # official: the source truncated and round-tripped through the tokenizer
+        built = examples.withColumn("_p", udfs.prompt(suffix)(F.col(S.SOURCE)))
+        base = built.withColumn(S.PROMPT, F.col("_p.prompt")).withColumn("_src_cut", F.col("_p.truncated")).drop("_p")
+    else:
+        base = examples.withColumn(S.PROMPT, F.concat(F.col(S.SOURCE), F.lit(suffix))).withColumn("_src_cut", F.lit(False))
+    base = keep(base.withColumn(KEY, _key()))
     cls = base.where(F.col(S.OPTIONS).isNotNull() & (F.size(S.OPTIONS) > 0))
     gen = base.where(F.col(S.OPTIONS).isNull() | (F.size(S.OPTIONS) == 0))
 
@@ -197,7 +224,8 @@ def transform(
         cls_in = cls.withColumn("prefix", F.lit("")).withColumn(S.RATIONALE, F.lit(None).cast("string"))
         cls_in = cls_in.withColumn("_gen_error", F.lit(None).cast("string")).withColumn("_gen_truncated", F.lit(False))
     else:
-        drafted = keep(cls.repartition(partitions, KEY).withColumn("g", udfs.rationale(S.PROMPT)))
+        # Sorted inside partitions: seeded sampling draws per batch, so batches must be the same on a rerun.
+        drafted = keep(cls.repartition(partitions, KEY).sortWithinPartitions(KEY).withColumn("g", udfs.rationale(S.PROMPT)))
         cls_in = (
             drafted.withColumn(S.RATIONALE, _rationale_of(cfg.indicators)(F.col("g.text")))
             .withColumn("prefix", F.concat(F.coalesce(F.col(S.RATIONALE), F.lit("")), F.lit(cfg.answer_join)))
@@ -223,7 +251,9 @@ def transform(
             F.col("_jt.correct").alias(S.CORRECT_PER_TOKEN),
             F.col("_jb.correct").alias(S.CORRECT_PER_BYTE),
             F.col(S.OPTION_SCORES),
-            (F.col("_gen_truncated") | F.coalesce(F.col("_opt_truncated"), F.lit(False))).alias(S.TRUNCATED),
+            (F.col("_gen_truncated") | F.col("_src_cut") | F.coalesce(F.col("_opt_truncated"), F.lit(False))).alias(
+                S.TRUNCATED
+            ),
             F.col("_opt_error").alias("_error"),
         )
     )
@@ -233,9 +263,9 @@ def transform(
 
     # Generation: Direct compares the whole output; CoT takes the text after the last indicator.
     gen_udf = udfs.direct_generate if mode == "direct" else udfs.cot_generate
-    generated = keep(gen.repartition(partitions, KEY).withColumn("g", gen_udf(S.PROMPT)))
+    generated = keep(gen.repartition(partitions, KEY).sortWithinPartitions(KEY).withColumn("g", gen_udf(S.PROMPT)))
     if mode == "direct":
-        answer = F.trim(F.col("g.text"))
+        answer = _answer_of(())(F.col("g.text"))  # Python's strip, as the official ids_to_clean_text (F.trim keeps "\n")
         rationale = F.lit(None).cast("string")
     else:
         answer = _answer_of(cfg.indicators, cfg.answer_until)(F.col("g.text"))
@@ -252,7 +282,7 @@ def transform(
         F.lit(None).cast("boolean").alias(S.CORRECT_PER_TOKEN),
         F.lit(None).cast("boolean").alias(S.CORRECT_PER_BYTE),
         F.lit(None).cast(S.PREDICTIONS_SCHEMA[S.OPTION_SCORES].dataType).alias(S.OPTION_SCORES),
-        F.coalesce(F.col("g.truncated"), F.lit(False)).alias(S.TRUNCATED),
+        (F.coalesce(F.col("g.truncated"), F.lit(False)) | F.col("_src_cut")).alias(S.TRUNCATED),
         F.col("g.error").alias("_error"),
     )
     both = cls_pred.unionByName(gen_pred).withColumn(S.MODE, F.lit(mode)).withColumn(S.MODEL, F.lit(model))
@@ -441,8 +471,41 @@ def run(
     return counts
 
 
+def protocol_line(cfg: CotSettings) -> str:
+    """"protocol: official" and every departure from the official code's values, for logs and table headers."""
+    departures = cfg.departures()
+    named = ", ".join(f"{k}={v!r} (official {o!r})" for k, (v, o) in departures.items())
+    return f"protocol: {cfg.protocol}" + (f"; departures: {named}" if named else "; no departures")
+
+
+def publish_tables(settings: Settings, tracked: Any, metrics: pd.DataFrame, run_id: str | None) -> dict[str, str]:
+    """The paper's tables: printed (rich), logged to MLflow (Markdown, CSV, bar chart, HTML), HTML by the lake."""
+    import tempfile
+    from pathlib import Path
+
+    from jobs.cot import paper_tables as P
+    from jobs.infra.config import resolve_path
+
+    tables = P.paper_tables([(settings.models.cot.path, metrics)], settings.cot.confidence)
+    header = f"model: {settings.models.cot.path} ({settings.models.cot.family}); {protocol_line(settings.cot)}"
+    P.print_tables(tables, header)
+    note = f"{header}. {P.NOTE}"
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = P.write(tables, Path(tmp), f"{settings.models.cot.path}, run {run_id}", note)
+        for path in paths.values():
+            tracked.log_file(f"cot_tables/{path.name}", path)
+        folder = resolve_path(settings.paths.lake) / "_reports" / "cot"
+        folder.mkdir(parents=True, exist_ok=True)
+        kept = folder / f"{time.strftime('%Y%m%dT%H%M%S')}_{run_id}.html"
+        kept.write_text(paths["html"].read_text())
+    return {"html": str(kept)}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     with job("cot_eval", __doc__, argv) as (spark, settings, tracked):
+        line = protocol_line(settings.cot)
+        (log.warning if settings.cot.departures() else log.info)(f"[cot_eval] {line}")
+        tracked.set_tags({"cot.protocol": settings.cot.protocol, "cot.departures": line})
         result = run(spark, settings, tracked.local_id)
         metrics: pd.DataFrame | None = result.pop("metrics")
         tracked.log_metrics({k: v for k, v in result.items() if isinstance(v, (int, float))})
@@ -452,6 +515,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 {f"{r[S.DATASET]}.{r[S.MODE]}.{r[S.AGGREGATE]}.{r[S.METRIC_NAME]}": r[S.VALUE] for _, r in top.iterrows()}
             )
             tracked.log_text("cot_metrics.csv", metrics.to_csv(index=False))
+            result["report"] = publish_tables(settings, tracked, metrics, tracked.local_id)["html"]
         tracked.set_tags({"model": settings.models.cot.path, "family": settings.models.cot.family})
         summary = {k: v for k, v in result.items() if not k.startswith("p3_template")}
         log.info(f"[cot_eval] {summary} -> {settings.table('cot_predictions')}, {settings.table('cot_metrics')}")

@@ -96,8 +96,10 @@ def test_bootstrap_needs_two_rows():
 # ---- end to end -------------------------------------------------------------------------------------------
 
 
-def _check_predictions(pdf: pd.DataFrame) -> None:
+def _check_predictions(pdf: pd.DataFrame, tokenizer) -> None:
     """Row-level protocol checks that hold for any model."""
+    from udfs.cot_prompt import official_prompts
+
     for _, r in pdf.iterrows():
         if r[S.OPTIONS] is not None:
             options = list(r[S.OPTIONS])
@@ -111,7 +113,9 @@ def _check_predictions(pdf: pd.DataFrame) -> None:
             assert r[S.OPTION_SCORES] is None
             assert r[S.CORRECT] == cot_text.exact_match(r[S.PREDICTION], r[S.GOLD])
         suffix = "\n[ANSWER] " if r[S.MODE] == "direct" else "\n\nLet's think step by step.\n"
-        assert r[S.PROMPT] == r[S.SOURCE] + suffix
+        assert r[S.PROMPT] == official_prompts(tokenizer, [r[S.SOURCE]], suffix, 512)[0][0]
+        if r[S.RATIONALE] is not None and r[S.OPTIONS] is not None:
+            assert "[ANSWER]" not in r[S.RATIONALE] and r[S.RATIONALE] == r[S.RATIONALE].strip()
 
 
 def _overrides(base, model: str, family: str) -> list[str]:
@@ -125,7 +129,9 @@ def _overrides(base, model: str, family: str) -> list[str]:
         f"models.cot.family={family}",
         "cot.max_examples_per_task=1",
         "cot.max_new_tokens=12",
+        "cot.generation_max_new_tokens=12",
         "cot.direct_max_new_tokens=6",
+        "cot.sample=false",  # greedy: a rationale can be generated again outside Spark and compared
         "cot.bootstrap_resamples=50",
         "cot.custom_path=tests/data/cot_custom.jsonl",
     ]
@@ -161,9 +167,9 @@ def test_cot_eval_end_to_end_every_dataset(e2e, spark):
     assert {t for d, t in tasks if d == "p3"} == {"anli_r1", "anli_r2", "anli_r3", "cb", "copa", "rte", "wic", "wsc",
                                                  "winogrande", "story_cloze"}  # fmt: skip
     assert {t for d, t in tasks if d == "my_eval"} == {"capitals", "sums", "yesno"}
-    _check_predictions(pred.toPandas())
-    cot_cls = pred.where((F.col(S.MODE) == "cot") & F.col(S.OPTIONS).isNotNull())
-    assert cot_cls.where(F.col(S.RATIONALE).isNull()).count() == 0
+    from transformers import AutoTokenizer
+
+    _check_predictions(pred.toPandas(), AutoTokenizer.from_pretrained(settings.models.cot.path))
     q = spark.read.format("delta").load(settings.table("quarantine")).where(F.col(Q.STAGE) == "cot_load")
     assert [r[Q.REASON] for r in q.collect()] == ["invalid_example"]
 
@@ -177,13 +183,29 @@ def test_cot_eval_direct_scores_equal_option_scorer(e2e, tiny_models):
     _, _, pred, _, _ = e2e
     rows = pred.where((F.col(S.MODE) == "direct") & F.col(S.OPTIONS).isNotNull()).orderBy(S.TASK).limit(12).collect()
     model, tok = load_model(str(tiny_models["tiny-t5"]), "seq2seq")
-    want = score_options(model, tok, "seq2seq", [r[S.PROMPT] for r in rows], [list(r[S.OPTIONS]) for r in rows])
+    want = score_options(model, tok, "seq2seq", [r[S.PROMPT] for r in rows], [list(r[S.OPTIONS]) for r in rows],
+                         eos=True)  # fmt: skip
     for r, w in zip(rows, want, strict=True):
         # Other batch neighbours in Spark: float32 rounding of ~200-nat sums (random tiny heads), relative to
         # each sum; per_byte is a sum over a byte count, so it keeps the sum's relative error.
         got = [s["sum_logprob"] for s in r[S.OPTION_SCORES]]
         assert got == loglik_approx([x.sum_logprob for x in w])
         assert [s["per_byte"] for s in r[S.OPTION_SCORES]] == loglik_approx([x.per_byte for x in w])
+
+
+@pytest.mark.dataset("bbh", "mgsm", "p3_heldout")
+def test_cot_eval_rationale_is_the_cut_generation(e2e, tiny_models):
+    """The stored rationale is the model's greedy generation for the prompt, cut at [ANSWER] and stripped."""
+    from udfs.generate import generate
+    from udfs.runtime import load_model
+
+    settings, _, pred, _, _ = e2e
+    rows = pred.where((F.col(S.MODE) == "cot") & F.col(S.OPTIONS).isNotNull()).orderBy(S.TASK).limit(8).collect()
+    model, tok = load_model(str(tiny_models["tiny-t5"]), "seq2seq")
+    opts = cot_eval.generator_options(settings.cot)["rationale"]
+    gens = generate(model, tok, "seq2seq", [r[S.PROMPT] for r in rows], max_length=512, **opts)
+    assert all(g.n_tokens >= 8 for g in gens)
+    assert [r[S.RATIONALE] for r in rows] == [cot_text.rationale_of(g.text) for g in gens]
 
 
 @pytest.mark.dataset("bbh", "mgsm", "p3_heldout")
@@ -229,14 +251,18 @@ def test_cot_eval_end_to_end_causal_lm(spark, tiny_models, make_settings):
         "cot.mgsm_languages=[en,ja]",
         "cot.max_examples_per_task=2",
         "cot.max_new_tokens=12",
+        "cot.generation_max_new_tokens=12",
+        "cot.direct_max_new_tokens=6",
         "cot.bootstrap_resamples=50",
         "cot.custom_path=tests/data/cot_custom.jsonl",
     )
     result = cot_eval.run(spark, settings, "gpt2")
     # 4 BBH tasks x 2 + 2 MGSM languages x 2 + custom (capitals 2, sums 2, yesno 1; one row rejected).
     assert result["direct_predictions"] == result["cot_predictions"] == 8 + 4 + 5
+    from transformers import AutoTokenizer
+
     pred = spark.read.format("delta").load(settings.table("cot_predictions")).toPandas()
-    _check_predictions(pred)
+    _check_predictions(pred, AutoTokenizer.from_pretrained(settings.models.cot.path))
 
 
 @pytest.mark.full
@@ -245,7 +271,7 @@ def test_cot_eval_full_run(spark, tiny_models, make_settings):
     """Every example of every dataset, both modes, tiny T5 (85k examples per mode): documents the time."""
     settings = make_settings(
         f"models.cot.path={tiny_models['tiny-t5']}", "models.cot.family=seq2seq", "cot.max_new_tokens=16",
-        "cot.bootstrap_resamples=100",
+        "cot.generation_max_new_tokens=16", "cot.direct_max_new_tokens=16", "cot.bootstrap_resamples=100",
     )  # fmt: skip
     started = time.time()
     result = cot_eval.run(spark, settings, "full")
