@@ -13,7 +13,7 @@ PREMISE_RCUS = "premise_rcus"  # RCUs of the step other than the conclusion
 CONCLUSION_RCU = "conclusion_rcu"
 BOUNDARY = "boundary"  # sentence | newline | given | whole
 ROLE_RULE = "role_rule"  # position | conjunction
-EXTRACTOR = "extractor"  # spacy:<pipeline> | srl:<model path>
+EXTRACTOR = "extractor"  # clauses:<pipeline> | spacy:<pipeline> | srl:<model path>
 
 SCHEMA = StructType(
     [

@@ -247,25 +247,37 @@ def _marker_positions(text: str) -> list[tuple[int, str]]:
     """(char offset, "conclusion" | "premise") of the connectives in a step, in order."""
     found: list[tuple[int, str]] = []
     for word in CONCLUSION_MARKERS:
-        # "so that" (purpose) and "so many/much/far" (degree) do not introduce a conclusion.
-        pattern = r"\bso\b(?!\s+(?:that|many|much|far)\b)" if word == "so" else rf"\b{word}\b"
+        # "so many/much/far" (degree) do not introduce a conclusion ("so that", purpose, is left to the extractor:
+        # only the text between units is read, and a unit keeps a purpose "so that" inside it).
+        pattern = r"\bso\b(?!\s+(?:many|much|far)\b)" if word == "so" else rf"\b{word}\b"
+        found += [(m.start(), "conclusion") for m in re.finditer(pattern, text, re.IGNORECASE)]
+    for pattern in (r"\bas a result\b", r"\b(?:which|that|this) means\b", r"\bconsequently\b"):
         found += [(m.start(), "conclusion") for m in re.finditer(pattern, text, re.IGNORECASE)]
     for word in PREMISE_MARKERS:
-        # "as" only opening a clause (start or after a comma): "as much as", "such as" are not premises.
-        pattern = r"(?:^|(?<=,\s))as\b" if word == "as" else rf"\b{word}\b"
+        # "as" only opening a clause (start or after a comma): "as much as", "such as", "as a result" are not premises.
+        pattern = r"(?:^|(?<=,\s))as\b(?!\s+a\s+result\b)" if word == "as" else rf"\b{word}\b"
         found += [(m.start(), "premise") for m in re.finditer(pattern, text, re.IGNORECASE)]
     return sorted(found)
+
+
+# What stands between two units that together make one conclusion ("so A and B", "so A, B"): a coordinator or a
+# comma. Units that merely touch (a verb frame cut out of its clause, "that means" + "Kylar is going to buy ...")
+# are not joined.
+_JOINABLE_GAP = re.compile(r"^\s*(?:,\s*(?:(?:and|but|or)\s+)?|(?:and|but|or)\s+)$", re.IGNORECASE)
 
 
 def assign_roles(units: Sequence[Rcu], step_text: str, rule: str) -> tuple[list[str], str]:
     """(premise RCUs, conclusion RCU) of one step.
 
-    position: conclusion = the last RCU, premises = the others (official code).
-    conjunction (paper): an RCU takes the kind of the last connective between the previous RCU's start
-    (exclusive) and its own start (inclusive); with none there, it inherits "conclusion" from the previous RCU
-    ("so A and B": both concluded) but not "premise" ("since P, C": only P is a premise). The conclusion is
-    the last RCU after so/therefore/thus/hence; without one, the last RCU not introduced by a premise marker
-    ("C because P" -> C); without that either, the last RCU. Every other RCU is a premise, in order.
+    position: conclusion = the last RCU, premises = the others (official code; misreads "C because P").
+    conjunction (paper; default): a unit takes the kind of the last connective in the text between the previous
+    unit's end and its own start ("so" / "therefore" / "thus" / "hence" / "as a result" / "which means":
+    conclusion; "because" / "since" / clause-opening "as" / "given that": premise). A unit with none there
+    inherits "conclusion" from the previous unit ("so A and B": both concluded), and "premise" only across a
+    coordinator ("because P1 and P2"), not across a comma ("since P, C": C is not a premise). The conclusion is
+    the last run of concluded units joined by at most a coordinator, as one span of the step ("so A and B" ->
+    "A and B"); without a concluded unit, the last unit not introduced by a premise marker ("C because P" -> C);
+    without that either, the last unit. Every other unit is a premise, in order.
     """
     if not units:
         return [], ""
@@ -273,15 +285,35 @@ def assign_roles(units: Sequence[Rcu], step_text: str, rule: str) -> tuple[list[
     if rule == "conjunction":
         markers = _marker_positions(step_text)
         roles: list[str | None] = []
-        prev = -1
+        prev_end = -1
         for unit in units:
-            between = [kind for at, kind in markers if prev < at <= unit.start]
-            inherited = "conclusion" if roles and roles[-1] == "conclusion" else None
-            roles.append(between[-1] if between else inherited)
-            prev = unit.start
+            between = [kind for at, kind in markers if prev_end <= at <= unit.start]
+            gap = step_text[max(prev_end, 0) : unit.start]
+            if between:
+                roles.append(between[-1])
+            elif roles and roles[-1] == "conclusion":
+                roles.append("conclusion")
+            elif roles and roles[-1] == "premise" and re.search(r"\b(?:and|or)\b", gap, re.IGNORECASE):
+                roles.append("premise")
+            else:
+                roles.append(None)
+            prev_end = max(prev_end, unit.start + len(unit.text))
         concl = [i for i, r in enumerate(roles) if r == "conclusion"]
-        free = [i for i, r in enumerate(roles) if r is None]
-        idx = concl[-1] if concl else (free[-1] if free else idx)
+        if concl:
+            last = concl[-1]
+            first = last
+            while first - 1 in concl and _JOINABLE_GAP.match(
+                step_text[units[first - 1].start + len(units[first - 1].text) : units[first].start]
+            ):
+                first -= 1
+            if first < last:
+                span = step_text[units[first].start : units[last].start + len(units[last].text)]
+                rest = [u.text for i, u in enumerate(units) if not first <= i <= last]
+                return rest, span
+            idx = last
+        else:
+            free = [i for i, r in enumerate(roles) if r is None]
+            idx = free[-1] if free else idx
     elif rule != "position":
         raise ValueError(f"unknown role rule {rule!r} (position | conjunction)")
     return [u.text for i, u in enumerate(units) if i != idx], units[idx].text

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ from jobs.infra.progress import counted
 from jobs.infra.tracking import job
 from schemas import chains as C
 from schemas import steps as S
-from udfs import rcu
+from udfs import rcu, rcu_clauses
 
 log = logging.getLogger(__spec__.name)
 
@@ -101,10 +101,18 @@ class Options:
 
     @property
     def extractor_name(self) -> str:
-        return f"spacy:{self.spacy}" if self.extractor == "spacy" else f"srl:{self.srl_model}"
+        return f"srl:{self.srl_model}" if self.extractor == "srl" else f"{self.extractor}:{self.spacy}"
 
 
-def _frames_fn(opts: Options):
+def _units_fn(opts: Options) -> Callable[[Any], list[rcu.Rcu]]:
+    """doc or span -> its RCUs, by the configured extractor."""
+    if opts.extractor == "clauses":
+        return rcu_clauses.clause_units
+    frames_of = _frames_fn(opts)
+    return lambda span: rcu.rcus_of(span, frames_of)
+
+
+def _frames_fn(opts: Options) -> Callable[[Any], list[rcu.Frame]]:
     if opts.extractor == "spacy":
         return rcu.spacy_frames
     from udfs import runtime
@@ -147,13 +155,13 @@ def _plan(record: dict[str, Any], opts: Options) -> tuple[list[tuple[str, str, b
     return plan, rcu.lines(clean(context))
 
 
-def _steps_of(plan, docs, frames_of, opts: Options) -> list[dict[str, Any]]:
+def _steps_of(plan, docs, units_of, opts: Options) -> list[dict[str, Any]]:
     out = []
     for (_, boundary, split), doc in zip(plan, docs, strict=True):
         units = rcu.sentence_spans(doc) if split else [doc]
         for unit in units:
             step_text = unit.text.strip()
-            found = rcu.rcus_of(unit, frames_of) if step_text else []
+            found = units_of(unit) if step_text else []
             lead = len(unit.text) - len(unit.text.lstrip())
             found = [rcu.Rcu(u.text, u.start - lead) for u in found]
             premises, conclusion = rcu.assign_roles(found, step_text, opts.roles)
@@ -171,7 +179,7 @@ def explode_records(records: list[dict[str, Any]], opts: Options) -> list[dict[s
     All texts of the batch go through one `nlp.pipe`; a chain that fails comes back with `error` set.
     """
     nlp = rcu.load_spacy(opts.spacy)
-    frames_of = _frames_fn(opts)
+    units_of = _units_fn(opts)
     plans: list[Any] = []
     texts: list[str] = []
     for rec in records:
@@ -194,7 +202,7 @@ def explode_records(records: list[dict[str, Any]], opts: Options) -> list[dict[s
         step_docs = [next(docs) for _ in plan]
         ctx_docs = [next(docs) for _ in ctx]
         try:
-            steps = _steps_of(plan, step_docs, frames_of, opts)
+            steps = _steps_of(plan, step_docs, units_of, opts)
             sentences = [s.text.strip() for d in ctx_docs for s in rcu.sentence_spans(d)]
             chain_text = rec.get(C.CHAIN_TEXT) or "\n".join(rec.get(C.STEPS) or [])
             answer, rule = rcu.derive_answer(

@@ -152,14 +152,14 @@ def test_transform_frames(spark, settings):
     assertSchemaEqual(steps.schema, S.SCHEMA)
     assertSchemaEqual(contexts.schema, S.CONTEXTS_SCHEMA)
     h = settings.scoring_hash()
-    extractor = f"spacy:{settings.models.spacy}"
+    extractor = f"clauses:{settings.models.spacy}"  # the default extractor and role rule
     expected = [
         ("natalia", h, 0, 2, NATALIA, ["Natalia sold 24 clips in May"], "she sold 72 clips altogether", "sentence"),
         ("natalia", h, 1, 2, "So the answer is 72.", [], "the answer is 72", "sentence"),
     ]
     assertDataFrameEqual(
         steps.where(F.col(S.CHAIN_ID) == "natalia"),
-        spark.createDataFrame([(*e, "position", extractor) for e in expected], S.SCHEMA),
+        spark.createDataFrame([(*e, "conjunction", extractor) for e in expected], S.SCHEMA),
         **EXACT_FRAME,
     )
     assertDataFrameEqual(

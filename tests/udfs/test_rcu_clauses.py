@@ -1,0 +1,283 @@
+"""udfs.rcu_clauses (the default extractor) with the default role rule, and the role rules of udfs.rcu on its units.
+
+Expected units were written by hand from the guidelines in bench/data/README.md (and docs/design/RECEVAL.md
+"Clause units"), not read off the extractor. The comment above each case names the rule it pins: without that rule
+the case gives other units or another conclusion. Sentences: the examples of issue #15, EntailmentBank task_1
+steps rendered by udfs.entailment_bank, GSM-8K steps (roscoe generated/gsm8k.json), and a few written here.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from jobs.infra.config import Settings
+from udfs import rcu
+from udfs import rcu_agreement as A
+from udfs import rcu_clauses as RC
+
+PIPELINE = Settings().models.spacy
+
+# (step, premises, conclusion) under the default rule (conjunction)
+CASES = [
+    # Issue #15: the second "is" has its own subject ("light"), which the parser hangs on "color" as a conjunct;
+    # the verb frames gave ["dark is a kind of color and light", "is a kind of color, so"].
+    (
+        "dark is a kind of color and light is a kind of color, so light and dark are kinds of color.",
+        ["dark is a kind of color", "light is a kind of color"],
+        "light and dark are kinds of color",
+    ),
+    # Issue #15: frames gave ["an invisible gas and water vapor is found in the atmosphere"].
+    (
+        "water vapor is an invisible gas and water vapor is found in the atmosphere, so the atmosphere contains an "
+        "invisible gas.",
+        ["water vapor is an invisible gas", "water vapor is found in the atmosphere"],
+        "the atmosphere contains an invisible gas",
+    ),
+    # EB: "if P, then Q" is one fact (frames cut it into "a place is in summer" and "then it will have ...").
+    (
+        "if a place is in summer, then it will have the most sunlight, so northern hemisphere will have the most "
+        "sunlight in summer.",
+        ["if a place is in summer, then it will have the most sunlight"],
+        "northern hemisphere will have the most sunlight in summer",
+    ),
+    # EB: "if P then Q" without a comma, followed by a clause of its own after "and".
+    (
+        "if something contains something else then that something else can be found in that something and fossil "
+        "fuel contains chemical energy, so chemical energy can be found in fossil fuels.",
+        [
+            "if something contains something else then that something else can be found in that something",
+            "fossil fuel contains chemical energy",
+        ],
+        "chemical energy can be found in fossil fuels",
+    ),
+    # EB: a copular sentence with a relative clause stays one unit (frames: "that is closer to ..." apart).
+    (
+        "the moon is the celestial object that is closer to the earth than the sun, so the moon appears larger.",
+        ["the moon is the celestial object that is closer to the earth than the sun"],
+        "the moon appears larger",
+    ),
+    # EB: a clause-opening "as" (proportion) keeps its clause; "and" then opens a clause of its own.
+    (
+        "as the smoothness of something increases , the friction of that something will decrease and grease is used "
+        "to make an object 's surface more smooth, so grease is used to decrease the friction among objects.",
+        [
+            "as the smoothness of something increases , the friction of that something will decrease",
+            "grease is used to make an object 's surface more smooth",
+        ],
+        "grease is used to decrease the friction among objects",
+    ),
+    # EB: a gerund subject opens a clause of its own.
+    (
+        "the moon is less bright than the sun and looking at bright objects has a negative impact on the eyes, so "
+        "looking at the moon has less of a negative impact on the eyes.",
+        ["the moon is less bright than the sun", "looking at bright objects has a negative impact on the eyes"],
+        "looking at the moon has less of a negative impact on the eyes",
+    ),
+    # EB: "X is when P" ends its claim; the "and" after it opens the next one.
+    (
+        "the new moon is when the moon is in between the sun and the earth and the new moon is when the dark half "
+        "of the moon faces the earth, so the new moon is when the moon could block the earth from the sun.",
+        [
+            "the new moon is when the moon is in between the sun and the earth",
+            "the new moon is when the dark half of the moon faces the earth",
+        ],
+        "the new moon is when the moon could block the earth from the sun",
+    ),
+    # "so" with no comma (GSM-8K); two clauses with their own subjects before it.
+    (
+        "1 pound of butter makes 1 dozen croissants and he needs to make 6 dozen so he needs 1*6 = 6 pounds of butter",
+        ["1 pound of butter makes 1 dozen croissants", "he needs to make 6 dozen"],
+        "he needs 1*6 = 6 pounds of butter",
+    ),
+    # Verbs sharing one subject are one unit ("and bakes ..." has no subject of its own).
+    (
+        "Janet eats 3 duck eggs for breakfast and bakes 4 into muffins so 3 + 4 = 7 duck eggs are used",
+        ["Janet eats 3 duck eggs for breakfast and bakes 4 into muffins"],
+        "3 + 4 = 7 duck eggs are used",
+    ),
+    # A coordinated subject is not a clause: "the sun" has no verb of its own.
+    ("the sun and the moon are in the sky, so the sky has two lights.", ["the sun and the moon are in the sky"], "the sky has two lights"),
+    # List commas are not cut.
+    (
+        "He spend $12 on passion fruit, $12.0 on jackfruit, and $20 on honey so he spends 12+12+20 = $44 in total",
+        ["He spend $12 on passion fruit, $12.0 on jackfruit, and $20 on honey"],
+        "he spends 12+12+20 = $44 in total",
+    ),
+    # A comma splice: the clause after the comma has its own subject; the next one opens with an equation.
+    (
+        "Each day Janet's ducks lay 16 eggs and she uses 7, 16 - 7 = 9 duck eggs are for sale",
+        ["Each day Janet's ducks lay 16 eggs", "she uses 7"],
+        "16 - 7 = 9 duck eggs are for sale",
+    ),
+    # A verbless equation is a unit (the frames found none: the step had no premise).
+    ("3 * 4 = 12, so she has 12 apples.", ["3 * 4 = 12"], "she has 12 apples"),
+    ("6x=180", [], "6x=180"),
+    # "because": "C because P" concludes C (the official last-unit rule would take P).
+    ("They make $5 off each gallon because 10 - 5 = 5", ["10 - 5 = 5"], "They make $5 off each gallon"),
+    # "because" before two coordinated clauses: both are premises (a premise carries across "and").
+    (
+        "He stayed home because it rained and the road was closed.",
+        ["it rained", "the road was closed"],
+        "He stayed home",
+    ),
+    # "because of" is a preposition, not a connective.
+    ("He stayed home because of the rain, so he missed the game.", ["He stayed home because of the rain"], "he missed the game"),
+    # "Since P, C" concludes C; the comma ends the premise.
+    (
+        "Since each box of oranges contains 20 oranges, Mrs. Harrington sold 6 x 20 = 120 oranges.",
+        ["each box of oranges contains 20 oranges"],
+        "Mrs. Harrington sold 6 x 20 = 120 oranges",
+    ),
+    # "since" + a date is a preposition.
+    ("He has lived here since 2010, so he knows the town.", ["He has lived here since 2010"], "he knows the town"),
+    # "C, since P" concludes C.
+    (
+        "Artie will round his petunias up from $1.87 to $2, since the number following the 1 is 5 or higher.",
+        ["the number following the 1 is 5 or higher"],
+        "Artie will round his petunias up from $1.87 to $2",
+    ),
+    # "thus" / "therefore" / "hence" open a conclusion where a clause begins ...
+    ("Thus, they have a total of $45 + $40 = $85 left.", [], "they have a total of $45 + $40 = $85 left"),
+    ("Hence the total is 5 + 3 = 8 apples.", [], "the total is 5 + 3 = 8 apples"),
+    (
+        "The price is $5 and therefore 3 books cost $15.",
+        ["The price is $5"],
+        "3 books cost $15",
+    ),
+    # ... and stay inside a clause they sit in.
+    ("She therefore still needs to play 30 – 7 – 14 = 9 hours.", [], "She therefore still needs to play 30 – 7 – 14 = 9 hours"),
+    # "as a result"
+    (
+        "The bakery sold 12 cakes, and as a result, it earned $36.",
+        ["The bakery sold 12 cakes"],
+        "it earned $36",
+    ),
+    # "which means (that)"
+    (
+        "Each of the people that were emailed are bringing 2 friends, which means that they will be in groups of "
+        "1 +2 = 3 people.",
+        ["Each of the people that were emailed are bringing 2 friends"],
+        "they will be in groups of 1 +2 = 3 people",
+    ),
+    # "so that's" concludes; "so that he could" (purpose) and "so many" (degree) do not.
+    ("There are 4 rooms so that's 240*4 = 960 square feet", ["There are 4 rooms"], "that's 240*4 = 960 square feet"),
+    ("He saved money so that he could buy a bike.", [], "He saved money so that he could buy a bike"),
+    ("He has so many apples that he gives 3 away.", [], "He has so many apples that he gives 3 away"),
+    # "so A and B": the conclusion is the whole coordination.
+    ("She has 3 apples, so she eats 1 and he eats 2.", ["She has 3 apples"], "she eats 1 and he eats 2"),
+    # A conditional with coordinated clauses in its antecedent stays whole up to "then".
+    (
+        "If Kyle took 5 fries, and Billy took 10, and Colby took 2, then in total, Griffin had 5+10+2=17 fries",
+        [],
+        "If Kyle took 5 fries, and Billy took 10, and Colby took 2, then in total, Griffin had 5+10+2=17 fries",
+    ),
+    # "When P, Q" is one claim.
+    ("When Jennie began, there were 30 + 20 = 50 letters.", [], "When Jennie began, there were 30 + 20 = 50 letters"),
+    # An instruction before a colon states no claim.
+    (
+        "First find the number of pillow cases in each room: 2 sheets * 2 pillow cases/sheet = 4 pillow cases",
+        [],
+        "2 sheets * 2 pillow cases/sheet = 4 pillow cases",
+    ),
+    # A relative clause after "and" is not a clause of its own.
+    ("an animal that eats plants and animals is an omnivore.", [], "an animal that eats plants and animals is an omnivore"),
+    # Two sentences in one step: "That means" concludes across the sentence boundary.
+    (
+        "Prince sells 15kg of meat every hour he works, and he works 10 hours a day. That means he sells 15 * 10 = "
+        "150kg of meat a day.",
+        ["Prince sells 15kg of meat every hour he works", "he works 10 hours a day"],
+        "he sells 15 * 10 = 150kg of meat a day",
+    ),
+    # A degree "so" ("so tired") is no connective; the one after the comma is.
+    ("He was so tired, so he slept.", ["He was so tired"], "he slept"),
+]
+
+
+@pytest.fixture(scope="module")
+def nlp():
+    return rcu.load_spacy(PIPELINE)
+
+
+def roles(nlp, text: str, rule: str = "conjunction") -> tuple[list[str], str]:
+    return rcu.assign_roles(RC.clause_units(nlp(text)), text, rule)
+
+
+def test_default_settings_use_clauses_and_conjunction():
+    assert (Settings().steps.extractor, Settings().steps.roles) == ("clauses", "conjunction")
+
+
+@pytest.mark.parametrize("text,premises,conclusion", CASES, ids=[c[0][:40] for c in CASES])
+def test_clause_units_and_default_roles(nlp, text, premises, conclusion):
+    assert roles(nlp, text) == (premises, conclusion)
+
+
+@pytest.mark.parametrize("text", [c[0] for c in CASES], ids=[c[0][:40] for c in CASES])
+def test_units_point_into_the_text_and_carry_no_connective_at_their_edges(nlp, text):
+    units = RC.clause_units(nlp(text))
+    assert units
+    for unit in units:
+        assert text[unit.start : unit.start + len(unit.text)] == unit.text
+        assert not A.edge_defect(unit.text), unit.text
+
+
+def test_position_rule_stays_available_and_reads_the_last_unit(nlp):
+    # the official rule: the last unit, whatever the connectives say
+    assert roles(nlp, "They make $5 off each gallon because 10 - 5 = 5", "position") == (
+        ["They make $5 off each gallon"],
+        "10 - 5 = 5",
+    )
+    assert roles(nlp, "3 * 4 = 12, so she has 12 apples.", "position") == (["3 * 4 = 12"], "she has 12 apples")
+
+
+def test_conjunction_premise_does_not_carry_across_a_comma():
+    # "since P, C": C follows P after a comma only; it is the conclusion, not a second premise
+    text = "since P holds, C holds"
+    units = [rcu.Rcu("P holds", 6), rcu.Rcu("C holds", 15)]
+    assert rcu.assign_roles(units, text, "conjunction") == (["P holds"], "C holds")
+    # "because P and Q": Q follows a coordinator, so it is a premise too; the free unit is the conclusion
+    text = "C holds because P holds and Q holds"
+    units = [rcu.Rcu("C holds", 0), rcu.Rcu("P holds", 16), rcu.Rcu("Q holds", 28)]
+    assert rcu.assign_roles(units, text, "conjunction") == (["P holds", "Q holds"], "C holds")
+
+
+def test_conjunction_joins_only_units_separated_by_a_coordinator_or_comma():
+    text = "P holds, so A holds and B holds"
+    units = [rcu.Rcu("P holds", 0), rcu.Rcu("A holds", 12), rcu.Rcu("B holds", 24)]
+    assert rcu.assign_roles(units, text, "conjunction") == (["P holds"], "A holds and B holds")
+    # touching units (a frame cut inside its clause) are not glued back together
+    text = "P holds, so that means B holds"
+    units = [rcu.Rcu("P holds", 0), rcu.Rcu("that means", 12), rcu.Rcu("B holds", 23)]
+    assert rcu.assign_roles(units, text, "conjunction") == (["P holds", "that means"], "B holds")
+
+
+# ------------------------------------------------------------------------------ bad input: units, never a crash
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("Because.", ["Because"]),  # only a connective: the sentence itself, so the step keeps a conclusion
+        ("😀 🎉", ["😀 🎉"]),
+        ("(((", ["((("]),
+        ("= = =", ["= = ="]),
+        ("Der Hund läuft schnell, weil er Hunger hat.", ["Der Hund läuft schnell, weil er Hunger hat"]),
+        ("日本語の文です。", ["日本語の文です"]),
+        ("   ", []),
+    ],
+)
+def test_bad_input_gives_units(nlp, text, expected):
+    assert [u.text for u in RC.clause_units(nlp(text))] == expected
+
+
+def test_five_thousand_word_step_is_cut_fast_and_whole(nlp):
+    sentence = "He has 3 apples and she has 4 pears, so they have 7 fruits. "
+    text = sentence * 400  # 5,200 words, 400 sentences in one step
+    doc = nlp(text)
+    start = time.perf_counter()
+    units = RC.clause_units(doc)
+    elapsed = time.perf_counter() - start
+    assert [u.text for u in units[:3]] == ["He has 3 apples", "she has 4 pears", "they have 7 fruits"]
+    assert len(units) == 1200
+    assert elapsed < 5  # linear in the tokens: ~0.1 s here
+    premises, conclusion = rcu.assign_roles(units, text, "conjunction")
+    assert conclusion == "they have 7 fruits" and len(premises) == 1199
