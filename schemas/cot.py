@@ -1,6 +1,6 @@
 """`cot_predictions` (one row per example, mode and model) and `cot_metrics` (accuracy / EM per group).
 
-Keys: predictions (dataset, task, template, example_id, mode, model), template null-safe (BBH and MGSM have
+Keys: predictions (dataset, task, template, example_id, mode, model, protocol_hash), template null-safe (BBH and MGSM have
 none); metrics (dataset, mode, model, aggregate, group, metric). All metrics: higher is better.
 """
 
@@ -50,6 +50,9 @@ CORRECT_PER_TOKEN = "correct_per_token"  # classification: argmax of log-prob pe
 CORRECT_PER_BYTE = "correct_per_byte"  # classification: argmax of log-prob per UTF-8 byte is gold
 OPTION_SCORES = "option_scores"
 TRUNCATED = "truncated"
+# Fingerprint of every setting that changes a prediction (protocol keys, seed, model family): a key column, so
+# runs under different protocols sit side by side and a resumed run reuses only rows made the same way.
+PROTOCOL_HASH = "protocol_hash"
 
 OPTION_SCORE = StructType(
     [
@@ -75,6 +78,7 @@ PREDICTIONS_SCHEMA = StructType(
         StructField(CORRECT_PER_BYTE, BooleanType(), True),
         StructField(OPTION_SCORES, ArrayType(OPTION_SCORE), True),
         StructField(TRUNCATED, BooleanType(), False),
+        StructField(PROTOCOL_HASH, StringType(), True),  # null on rows written before it existed
     ]
 )
 

@@ -385,7 +385,12 @@ def load_p3(
         for template in load_templates(templates_dir, template_list, P3_TEMPLATE_KEY[task]):
             apply = _compiled(env, template)
             for i, record in enumerate(records):
-                prompt, target, choices = apply(record)
+                try:
+                    prompt, target, choices = apply(record)
+                except Exception as err:  # a broken template refuses the run, naming itself, not a bare Jinja error
+                    raise DataError(
+                        f"p3/{task}/{template.name} example {i}: the template does not render: {type(err).__name__}: {err}"
+                    ) from err
                 if not prompt or not target:
                     skipped[task] = skipped.get(task, 0) + 1
                     continue
@@ -439,6 +444,8 @@ def _custom_problem(rec: Any) -> str | None:
     if options is not None:
         if not isinstance(options, list) or not all(isinstance(o, (str, int, float)) for o in options):
             return "options must be a list of strings or null"
+        if not options:  # [] would silently turn a classification example into a generation one
+            return "options is an empty list: give at least one option, or null for a generation task"
         if options and str(rec[S.GOLD]) not in [str(o) for o in options]:
             return f"gold {rec[S.GOLD]!r} is not one of the options"
     template = rec.get(S.TEMPLATE)

@@ -36,7 +36,7 @@ log = logging.getLogger(__spec__.name)
 
 STAGE = "cot_eval"
 KEY = "_key"
-PRED_KEYS = [S.DATASET, S.TASK, S.TEMPLATE, S.EXAMPLE_ID, S.MODE, S.MODEL]
+PRED_KEYS = [S.DATASET, S.TASK, S.TEMPLATE, S.EXAMPLE_ID, S.MODE, S.MODEL, S.PROTOCOL_HASH]
 METRIC_KEYS = [S.DATASET, S.MODE, S.MODEL, S.AGGREGATE, S.GROUP, S.METRIC_NAME]
 
 
@@ -286,6 +286,7 @@ def transform(
         F.col("g.error").alias("_error"),
     )
     both = cls_pred.unionByName(gen_pred).withColumn(S.MODE, F.lit(mode)).withColumn(S.MODEL, F.lit(model))
+    both = both.withColumn(S.PROTOCOL_HASH, F.lit(None).cast("string"))  # run() stamps the run's fingerprint
     good = both.where(F.col("_error").isNull()).drop("_error")
     failed = both.where(F.col("_error").isNotNull()).select(
         *S.EXAMPLE_SCHEMA.fieldNames(), "_error", F.lit("scoring_failed").alias("_reason")
@@ -383,6 +384,12 @@ def compute_metrics(pred: pd.DataFrame, resamples: int = 1000, confidence: float
 def _upsert_null_safe(spark: SparkSession, df: DataFrame, path: str, schema: StructType, keys: Sequence[str]) -> None:
     # `template` is a nullable key; tables.upsert's `=` would never match a null and insert duplicates.
     table = tables.ensure(spark, path, schema)
+    have = set(table.toDF().columns)
+    missing = [f for f in schema.fields if f.name not in have]
+    if missing:  # a table written before a column existed (protocol_hash): add it, old rows read null
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
+        table = tables.ensure(spark, path, schema)
     condition = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
     (
         table.alias("t")
@@ -416,10 +423,84 @@ def _reject_rows(spark: SparkSession, rejects: list[Reject], run_id: str | None)
     )
 
 
+def protocol_hash(settings: Settings) -> str:
+    """Fingerprint of what makes a prediction: the protocol keys, the seed, loader choices and the model."""
+    import hashlib
+    import json
+
+    from jobs.infra.config import OFFICIAL_COT
+
+    cfg, ref = settings.cot, settings.models.cot
+    keyed = {k: getattr(cfg, k) for k in OFFICIAL_COT}
+    keyed |= {"protocol": cfg.protocol, "seed": cfg.seed, "causal_move_space": cfg.causal_move_space,
+              "bbh_option_style": cfg.bbh_option_style, "family": ref.family, "revision": ref.revision}  # fmt: skip
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def example_key(row: dict[str, Any]) -> str:
+    """The driver-side twin of `_key()` (same separator and null template)."""
+    template = row[S.TEMPLATE] if row[S.TEMPLATE] is not None else "\x00"
+    return "\x1f".join([row[S.DATASET], row[S.TASK], template, row[S.EXAMPLE_ID]])
+
+
+def _done_keys(spark: SparkSession, path: str, mode: str, model: str, fingerprint: str) -> set[str]:
+    """Keys of the examples this (mode, model, protocol) already has predictions for: a resumed run skips them."""
+    if not tables.exists(spark, path):
+        return set()
+    df = spark.read.format("delta").load(path)
+    if S.PROTOCOL_HASH not in df.columns:
+        return set()
+    mine = df.where((F.col(S.MODE) == mode) & (F.col(S.MODEL) == model) & (F.col(S.PROTOCOL_HASH) == fingerprint))
+    return {r[0] for r in mine.select(_key()).collect()}
+
+
+def _stored_predictions(spark: SparkSession, path: str, model: str, fingerprint: str, modes: Sequence[str],
+                        keys: set[str]) -> pd.DataFrame:  # fmt: skip
+    """This run's examples' predictions as stored (made now or by the run that was resumed), for the metrics."""
+    if not tables.exists(spark, path) or not keys:
+        return pd.DataFrame()
+    df = spark.read.format("delta").load(path)
+    mine = df.where((F.col(S.MODEL) == model) & (F.col(S.PROTOCOL_HASH) == fingerprint) & F.col(S.MODE).isin(list(modes)))
+    frame = mine.select(_key().alias(KEY), S.DATASET, S.TASK, S.TEMPLATE, S.MODE, S.MODEL, S.CORRECT,
+                        S.NUMERIC_CORRECT, S.CORRECT_PER_TOKEN, S.CORRECT_PER_BYTE).toPandas()  # fmt: skip
+    return frame[frame[KEY].isin(keys)].drop(columns=[KEY]).reset_index(drop=True)
+
+
+def _chunks(rows: list[dict[str, Any]], size: int) -> list[tuple[str, list[list[dict[str, Any]]]]]:
+    """[(progress label, chunks of <= `size` rows)]; each chunk is one Spark pass and one commit.
+
+    A dataset larger than `size` is its own group (its progress line shows its rate and ETA); consecutive small
+    datasets share a chunk (label "a+b"), since every Spark pass has a fixed cost of several seconds.
+    """
+    by_dataset: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_dataset.setdefault(row[S.DATASET], []).append(row)
+    groups: list[tuple[str, list[list[dict[str, Any]]]]] = []
+    small: list[str] = []
+    pending: list[dict[str, Any]] = []
+    for dataset, part in by_dataset.items():
+        if len(part) > size:
+            groups.append((dataset, [part[i : i + size] for i in range(0, len(part), size)]))
+            continue
+        if len(pending) + len(part) > size:
+            groups.append(("+".join(small), [pending]))
+            small, pending = [], []
+        small.append(dataset)
+        pending = pending + part
+    if pending:
+        groups.append(("+".join(small), [pending]))
+    return groups
+
+
 def run(
     spark: SparkSession, settings: Settings, run_id: str | None = None, udfs: CotUdfs | None = None
 ) -> dict[str, Any]:
-    """Evaluate the configured datasets in every mode; returns counts, timings and the metrics frame."""
+    """Evaluate the configured datasets in every mode; returns counts, timings and the metrics frame.
+
+    Work is committed per chunk of `cot.chunk_examples` examples of one dataset, so a killed run loses at most
+    one chunk; with `cot.resume` (default) a rerun skips the examples whose predictions this model and protocol
+    already have in `cot_predictions`. Progress (examples done, rate, ETA) is reported per mode and dataset.
+    """
     from udfs.runtime import check_available
 
     cfg = settings.cot
@@ -429,40 +510,47 @@ def run(
         tables.append_quarantine(spark, settings, _reject_rows(spark, rejects, run_id))
     udfs = udfs or build_udfs(settings)
     partitions = cfg.partitions or settings.spark.shuffle_partitions
-    examples = examples_frame(spark, rows).persist()
     model = settings.models.cot.path
-    collected = []
-    progress = Progress("cot_eval", len(rows) * len(cfg.modes), "examples", settings.log.progress_seconds, spark)
-    with progress:
-        for mode in cfg.modes:
-            with tables.Held() as hold:
-                started = time.time()
-                pred, failed = transform(examples, mode, cfg, model, udfs, partitions, hold)
-                progress.expect(len(rows))
-                pred = hold(counted(pred))  # finished partitions move the progress
-                failed = hold(failed)
-                n_pred, n_failed = pred.count(), failed.count()
-                counts[f"{mode}_predictions"] = n_pred
-                counts[f"{mode}_quarantined"] = n_failed
-                counts[f"{mode}_truncated"] = pred.where(F.col(S.TRUNCATED)).count()
-                counts[f"{mode}_seconds"] = round(time.time() - started, 2)
-                counts[f"{mode}_reconciled"] = int(n_pred + n_failed == len(rows))
-                _upsert_null_safe(spark, pred, settings.table("cot_predictions"), S.PREDICTIONS_SCHEMA, PRED_KEYS)
-                if n_failed:
-                    tables.append_quarantine(
-                        spark,
-                        settings,
-                        tables.quarantine_rows(
-                            failed, STAGE, F.col("_reason"), F.col("_error"), chain_id=_key(), source=F.col(S.MODE), run_id=run_id
-                        ),
-                    )
-                collected.append(
-                    pred.select(S.DATASET, S.TASK, S.TEMPLATE, S.MODE, S.MODEL, S.CORRECT, S.NUMERIC_CORRECT,
-                                S.CORRECT_PER_TOKEN, S.CORRECT_PER_BYTE).toPandas()  # fmt: skip
-                )
-                progress.commit(len(rows))
-    examples.unpersist()
-    frame = pd.concat(collected, ignore_index=True) if collected else pd.DataFrame()
+    fingerprint = protocol_hash(settings)
+    path = settings.table("cot_predictions")
+    counts["protocol_hash"] = fingerprint
+    for mode in cfg.modes:
+        started = time.time()
+        done = _done_keys(spark, path, mode, model, fingerprint) if cfg.resume else set()
+        todo = [r for r in rows if example_key(r) not in done]
+        n_new = n_failed = n_truncated = 0
+        for label, chunks in _chunks(todo, cfg.chunk_examples):
+            total = sum(len(c) for c in chunks)
+            with Progress(f"cot_eval {mode} {label}", total, "examples", settings.log.progress_seconds, spark) as progress:
+                for chunk in chunks:
+                    with tables.Held() as hold:
+                        examples = hold(examples_frame(spark, chunk))
+                        pred, failed = transform(examples, mode, cfg, model, udfs, partitions, hold)
+                        progress.expect(len(chunk))
+                        pred = hold(counted(pred.withColumn(S.PROTOCOL_HASH, F.lit(fingerprint))))
+                        failed = hold(failed)
+                        k_pred, k_failed = pred.count(), failed.count()
+                        n_new, n_failed = n_new + k_pred, n_failed + k_failed
+                        n_truncated += pred.where(F.col(S.TRUNCATED)).count()
+                        _upsert_null_safe(spark, pred, path, S.PREDICTIONS_SCHEMA, PRED_KEYS)
+                        if k_failed:
+                            tables.append_quarantine(
+                                spark,
+                                settings,
+                                tables.quarantine_rows(
+                                    failed, STAGE, F.col("_reason"), F.col("_error"), chain_id=_key(),
+                                    source=F.col(S.MODE), run_id=run_id,
+                                ),
+                            )  # fmt: skip
+                        progress.commit(len(chunk))
+        resumed = len(rows) - len(todo)
+        counts[f"{mode}_resumed"] = resumed
+        counts[f"{mode}_predictions"] = n_new + resumed
+        counts[f"{mode}_quarantined"] = n_failed
+        counts[f"{mode}_truncated"] = n_truncated
+        counts[f"{mode}_seconds"] = round(time.time() - started, 2)
+        counts[f"{mode}_reconciled"] = int(n_new + n_failed + resumed == len(rows))
+    frame = _stored_predictions(spark, path, model, fingerprint, cfg.modes, {example_key(r) for r in rows})
     metrics = compute_metrics(frame, cfg.bootstrap_resamples, cfg.confidence, cfg.seed) if not frame.empty else None
     if metrics is not None and not metrics.empty:
         mdf = metrics_frame(spark, metrics, run_id)

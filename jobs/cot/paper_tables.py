@@ -234,8 +234,8 @@ def write(tables: Sequence[PaperTable], folder: Path, heading: str, note: str = 
     chart = bar_chart(tables)
     paths = {"md": folder / "cot_tables.md", "csv": folder / "cot_tables.csv", "html": folder / "cot_tables.html"}
     paths["md"].write_text(f"{note}\n\n" + "\n\n".join(t.markdown() for t in tables) + "\n")
-    frames = [t.frame() for t in tables]
-    (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()).to_csv(paths["csv"], index=False)
+    records = [r for t in tables for r in t.frame().to_dict("records")]  # one frame: no concat of all-NA columns
+    pd.DataFrame(records).to_csv(paths["csv"], index=False)
     paths["html"].write_text(html_report(tables, heading, note, chart))
     if chart:
         paths["png"] = folder / "cot_tables.png"

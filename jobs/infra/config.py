@@ -408,6 +408,10 @@ class CotSettings(Section):
     confidence: float = Field(0.95, gt=0, lt=1)
     # Spark partitions for the model stages (None: spark.shuffle_partitions).
     partitions: int | None = Field(None, ge=1)
+    # Examples per committed chunk (one dataset at a time): a killed run loses at most one chunk of work.
+    chunk_examples: int = Field(2000, ge=1)
+    # Skip examples whose predictions this model and protocol (cot_predictions.protocol_hash) already have.
+    resume: bool = True
 
     @model_validator(mode="before")
     @classmethod

@@ -189,3 +189,24 @@ def test_load_examples_custom_only_and_head():
 def test_load_examples_unknown_task_names_the_problem():
     with pytest.raises(D.DataError, match="unknown BBH task"):
         D.load_examples(CotSettings(datasets=["bbh"], bbh_tasks=["nope"]))
+
+
+@pytest.mark.dataset("p3_heldout")
+def test_load_p3_template_that_does_not_render_is_refused_by_name(tmp_path):
+    (tmp_path / "rte.yaml").write_text(
+        "dataset: super_glue\nsubset: rte\ntemplates:\n"
+        "  x1: !Template\n    answer_choices: Yes ||| No\n    id: x1\n"
+        "    jinja: '{{premise}} {{no_such_field}} ||| {{ answer_choices[label] }}'\n    name: broken one\n"
+    )
+    (tmp_path / "list.yaml").write_text("rte:\n  file: rte.yaml\n  templates:\n  - broken one\n")
+    with pytest.raises(D.DataError, match=r"p3/rte/broken one example 0: the template does not render: .*no_such_field"):
+        D.load_p3(ROOT, tmp_path, tmp_path / "list.yaml", ["rte"])
+
+
+def test_load_custom_rejects_an_example_with_an_empty_option_list(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    row = {"dataset": "d", "task": "t", "example_id": "1", "source": "Q?", "options": [], "gold": "a"}
+    path.write_text(json.dumps(row) + "\n")
+    rows, rejects = D.load_custom(path)
+    assert rows == [] and [r.reason for r in rejects] == ["invalid_example"]
+    assert rejects[0].detail.startswith("options is an empty list") and rejects[0].source.endswith("mine.jsonl:1")

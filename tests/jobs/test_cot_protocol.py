@@ -192,3 +192,63 @@ def test_cot_prompt_is_the_official_round_trip(spark, tiny_models):
     assert rows["c2"][S.PROMPT].startswith("w0 w1 ") and rows["c2"][S.PROMPT].endswith("\n[ANSWER] ")
     assert "w599" not in rows["c2"][S.PROMPT] and rows["c2"][S.TRUNCATED] is True
     assert pred.where(F.col(S.MODE) != "direct").count() == 0
+
+
+# ---- resume: a killed run is continued, not redone -------------------------------------------------------------
+
+
+def _marked_udfs(marker: float, fail_on: str | None = None):
+    """Fakes whose option scores carry `marker` (which run made a row); generation fails on a prompt containing
+    `fail_on`, as a killed or crashed run would stop there."""
+    from pyspark.sql.functions import pandas_udf
+
+    from udfs.generate import UDF_FIELDS
+    from udfs.options import UDF_FIELDS as OPTION_FIELDS
+
+    @pandas_udf(OPTION_FIELDS)
+    def options(prompt: pd.Series, prefix: pd.Series, option: pd.Series) -> pd.DataFrame:
+        n = len(option)
+        return pd.DataFrame({"sum_logprob": [marker] * n, "n_tokens": [1] * n, "n_bytes": [1] * n,
+                             "truncated": [False] * n, "error": [None] * n})  # fmt: skip
+
+    @pandas_udf(UDF_FIELDS)
+    def gen(prompt: pd.Series) -> pd.DataFrame:
+        if fail_on is not None and any(fail_on in p for p in prompt):
+            raise RuntimeError("killed")
+        n = len(prompt)
+        return pd.DataFrame({"text": ["18"] * n, "n_tokens": [8] * n, "truncated": [False] * n, "error": [None] * n})
+
+    return cot_eval.CotUdfs(options=options, direct_generate=gen, rationale=gen, cot_generate=gen)
+
+
+@pytest.mark.slow  # three job runs of a few chunks each: ~1-2 min on 2 shared cores
+def test_killed_run_resumes_where_it_stopped(spark, make_settings):
+    base = ["cot.datasets=[]", "cot.custom_path=tests/data/cot_custom.jsonl", "cot.modes=[direct]",
+            "cot.chunk_examples=2", "cot.source_roundtrip=false", "cot.bootstrap_resamples=10"]  # fmt: skip
+    settings = make_settings(*base)
+    # capitals 1-2 (chunk 1), sums 1-2 (chunk 2: dies on "1,000 + 1,125"), yesno 1: only chunk 1 is committed.
+    with pytest.raises(Exception, match="killed"):
+        cot_eval.run(spark, settings, "first", _marked_udfs(-1.0, fail_on="1,000 + 1,125"))
+    table = settings.table("cot_predictions")
+    first = {r[S.EXAMPLE_ID] + r[S.TASK] for r in spark.read.format("delta").load(table).collect()}
+    assert first == {"1capitals", "2capitals"}
+
+    result = cot_eval.run(spark, settings, "second", _marked_udfs(-2.0))
+    assert (result["direct_resumed"], result["direct_predictions"], result["direct_reconciled"]) == (2, 5, 1)
+    rows = spark.read.format("delta").load(table).collect()
+    marker = {(r[S.TASK], r[S.EXAMPLE_ID]): (r[S.OPTION_SCORES][0]["sum_logprob"] if r[S.OPTION_SCORES] else None)
+              for r in rows}  # fmt: skip
+    # Resumed rows keep the first run's scores (not redone); the rest are the second run's.
+    assert marker == {("capitals", "1"): -1.0, ("capitals", "2"): -1.0, ("sums", "1"): None, ("sums", "2"): None,
+                      ("yesno", "1"): -2.0}  # fmt: skip
+    assert len({r[S.PROTOCOL_HASH] for r in rows}) == 1
+    # The metrics count every example of the run, resumed or new.
+    micro = result["metrics"]
+    assert int(micro[(micro[S.AGGREGATE] == "micro") & (micro[S.METRIC_NAME] == "accuracy")][S.N].iloc[0]) == 5
+
+    # Another protocol (greedy) reuses nothing: its rows sit beside the first protocol's.
+    greedy = make_settings(*base, "cot.sample=false")
+    assert cot_eval.protocol_hash(greedy) != cot_eval.protocol_hash(settings)
+    again = cot_eval.run(spark, greedy, "third", _marked_udfs(-3.0))
+    assert (again["direct_resumed"], again["direct_predictions"]) == (0, 5)
+    assert spark.read.format("delta").load(table).count() == 10
