@@ -65,11 +65,15 @@ def _argv(overrides: list[str]) -> list[str]:
     return [f"--set={o}" for o in overrides]
 
 
-@pytest.fixture
-def night(spark, tmp_path) -> list[str]:
-    """The overrides of a lake with two nights of the pipeline (fake stages), each run twice in batches."""
+@pytest.fixture(scope="module")
+def night(spark, tmp_path_factory) -> list[str]:
+    """The overrides of a lake with two nights of the pipeline (fake stages) in batches; the file's tests share it.
+
+    Night one runs once, night two (24 new chains) twice: each run must give back what it held.
+    """
     from jobs.receval import pipeline
 
+    tmp_path = tmp_path_factory.mktemp("night")
     shutil.copytree(SAMPLE, tmp_path / "input")
     overrides = _overrides(tmp_path)
     settings = load_settings(overrides=overrides, environ={})
@@ -78,14 +82,17 @@ def night(spark, tmp_path) -> list[str]:
         pipeline.run(spark, settings, JobRun("pipeline", settings), Fakes().transforms())
 
     night_two = (tmp_path / "input" / "gsm8k_sample.jsonl").read_text().replace('"chain_id": "', '"chain_id": "n2-')
-    twice(spark, run, "pipeline (night one)")
+    before = held(spark)
+    run()
+    assert held(spark) == (0, False, before[2]), "pipeline (night one)"
     (tmp_path / "input" / "night2.jsonl").write_text(night_two)
     twice(spark, run, "pipeline (night two: 24 new chains)")
     return overrides
 
 
-@pytest.mark.slow  # four pipeline nights and twelve job runs: 5-15 min on 2 shared cores
+@pytest.mark.slow  # twelve job runs over a shared lake of three pipeline nights: minutes on 2 cores
 def test_jobs_twice_in_one_session_release_what_they_hold(spark, night, tmp_path):
+    # The lake is shared with the next test: these jobs only add tables of their own (select, meta_eval, export).
     from jobs.metaeval import meta_eval
     from jobs.receval import aggregate, curate, export, ingest, select_chains
 

@@ -5,12 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,26 +85,39 @@ class CleanRun:
 
 @pytest.fixture(scope="module")
 def clean_run(spark, tmp_path_factory) -> CleanRun:
+    """`python -m jobs.receval.pipeline` (its main, fake stages) once: tables, MLflow parent and stage runs."""
     root = tmp_path_factory.mktemp("clean")
     shutil.copytree(SAMPLE, root / "input")
     settings = _clean_settings(root / "input", root / "lake", root)
     fakes = Fakes()
     out = io.StringIO()
+    argv = [f"--set={key}={value}" for key, value in _clean_overrides(root / "input", root / "lake", root)]
+    # The nightly report too (its MLflow artifact is checked below); the copies' reruns skip it.
+    argv.append("--set=pipeline.stages=[ingest,steps,scores,aggregate,curate,report]")
     # Jobs log to the standard error as it is at each record (jobs.infra.logs).
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        summary = _run(spark, settings, fakes)
+        summary = pipeline.main(argv, transforms=fakes.transforms())
+    assert settings.table("chains") == str(root / "lake" / "chains")
     return CleanRun(root / "input", root / "lake", summary, fakes, out.getvalue())
+
+
+def _clean_overrides(lake_input: Path, lake: Path, tmp: Path) -> list[tuple[str, str]]:
+    return [
+        ("paths.lake", str(lake)), ("mlflow.tracking_uri", f"sqlite:///{tmp}/mlruns.db"),
+        ("mlflow.artifact_location", f"{tmp}/mlartifacts"), ("spark.master", "local[2]"),
+        ("ingest.input", str(lake_input)), ("pipeline.batch_chains", "12"), ("pipeline.progress", "plain"),
+        ("pipeline.stages", "[ingest,steps,scores,aggregate,curate]"), ("curation.thresholds", "{intra_entail: 0.3}"),
+        ("curation.quantiles", "{inter: 0.25}"),
+    ]
 
 
 def _clean_settings(lake_input: Path, lake: Path, tmp: Path, *extra: str):
     from jobs.infra.config import load_settings
 
-    return load_settings(overrides=[
-        f"paths.lake={lake}", f"mlflow.tracking_uri=sqlite:///{tmp}/mlruns.db", "spark.master=local[2]",
-        f"ingest.input={lake_input}", "pipeline.batch_chains=12", "pipeline.progress=plain",
-        "pipeline.stages=[ingest,steps,scores,aggregate,curate]", "curation.thresholds={intra_entail: 0.3}",
-        "curation.quantiles={inter: 0.25}", *extra,
-    ], environ={})
+    return load_settings(
+        overrides=[f"{key}={value}" for key, value in _clean_overrides(lake_input, lake, tmp)] + list(extra),
+        environ={},
+    )
 
 
 def _copy_of_clean(clean: CleanRun, tmp_path: Path, *extra: str):
@@ -151,7 +159,7 @@ def test_print_summary_tables_and_locations(clean_run, capsys):
     assert "Nightly pipeline summary" in out and "chain_scores" in out
     assert "pass rate:" in out and "slowest stage:" in out
     assert f"Delta tables: {clean_run.lake}" in out
-    assert "MLflow: (not logged)" in out
+    assert f"MLflow: run {clean_run.summary.mlflow_run_id} in sqlite:///" in out
 
 
 def test_run_second_run_over_unchanged_input_writes_nothing(spark, clean_run, tmp_path):
@@ -281,22 +289,14 @@ def test_run_failed_chains_recorded_once_and_not_retried(spark, make_settings, t
     assert again.seen_steps == [] and again.nli_calls == 0
 
 
-def test_main_logs_parent_run_with_stage_children(spark, make_settings, tmp_path):
+def test_main_logs_parent_run_with_stage_children(spark, clean_run):
     from mlflow.tracking import MlflowClient
 
-    folder = tmp_path / "small_input"
-    folder.mkdir()
-    _new_chains_file(folder, ["m-1", "m-2", "m-3"])
-    settings = make_settings()
-    argv = [f"--set=paths.lake={settings.paths.lake}", f"--set=ingest.input={folder}",
-            f"--set=mlflow.tracking_uri={settings.mlflow.tracking_uri}",
-            f"--set=mlflow.artifact_location={settings.mlflow.artifact_location}",
-            "--set=pipeline.progress=plain", "--set=curation.thresholds={intra_entail: 0.3}"]
-    summary = pipeline.main(argv, transforms=Fakes().transforms())
+    settings = _clean_settings(clean_run.input, clean_run.lake, clean_run.lake.parent)
     client = MlflowClient(settings.mlflow.tracking_uri)
-    parent = client.get_run(summary.mlflow_run_id)
+    parent = client.get_run(clean_run.summary.mlflow_run_id)
     assert parent.data.tags["version_after.chain_scores"] == str(tables.version(spark, settings.table("chain_scores")))
-    assert parent.data.metrics["rows.chain_scores"] == 3
+    assert parent.data.metrics["rows.chain_scores"] == 24
     children = client.search_runs(
         [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
     )
@@ -305,7 +305,7 @@ def test_main_logs_parent_run_with_stage_children(spark, make_settings, tmp_path
     scores = by_name["scores"].data
     assert scores.tags["input_version.steps"] == str(tables.version(spark, settings.table("steps")))
     assert scores.tags["output_version_before.step_scores"] == "None"
-    assert scores.metrics["chains"] == 3
+    assert scores.metrics["chains"] == 24
     curate = by_name["curate"]
     assert "pass_rate.all" in curate.data.metrics
     artifacts = {a.path for a in client.list_artifacts(curate.info.run_id, "curation")}
@@ -316,62 +316,3 @@ def test_main_logs_parent_run_with_stage_children(spark, make_settings, tmp_path
     written = {(d.dataset.name, d.tags[0].value) for d in by_name["scores"].inputs.dataset_inputs}
     assert written == {("steps", "input"), ("contexts", "input"), ("step_scores", "output")}
     assert parent.info.status == "FINISHED" and all(c.info.status == "FINISHED" for c in children)
-
-
-# -- real stages (spaCy steps, tiny NLI / T5 / GPT-2 models) -----------------------------------------------
-def _real_argv(lake: Path, tmp_path: Path, lake_input: Path, *extra: str) -> list[str]:
-    return [
-        f"--set=paths.lake={lake}",
-        f"--set=ingest.input={lake_input}",
-        f"--set=mlflow.tracking_uri=sqlite:///{tmp_path}/mlruns.db",
-        f"--set=mlflow.artifact_location={tmp_path}/mlartifacts",
-        "--set=spark.master=local[2]",
-        "--set=spark.shuffle_partitions=2",
-        "--set=models.profile=offline",
-        "--set=pipeline.batch_chains=8",
-        "--set=pipeline.progress=plain",
-        *extra,
-    ]
-
-
-@pytest.mark.slow
-def test_main_sample_lake_offline_profile_end_to_end(spark, tiny_models, tmp_path, lake_input, capsys):
-    summary = pipeline.main(_real_argv(tmp_path / "lake", tmp_path, lake_input))
-    out = capsys.readouterr().out
-    assert summary.rows_after["chains"] == 24
-    assert summary.rows_after["chain_scores"] + summary.rows_after["unscored"] == 24
-    assert summary.rows_after["chain_scores"] > 0
-    assert "Nightly pipeline summary" in out and "MLflow: run " in out
-    assert summary.report_html and "<html" in summary.report_html
-
-
-@pytest.mark.slow
-def test_main_killed_driver_then_rerun_equals_clean_run(spark, tiny_models, tmp_path, lake_input):
-    clean_lake, killed_lake = tmp_path / "clean", tmp_path / "killed"
-    pipeline.main(_real_argv(clean_lake, tmp_path, lake_input))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "jobs.receval.pipeline", *_real_argv(killed_lake, tmp_path, lake_input)]
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)
-    marker = "[pipeline] scores: batch 1/"
-    lines, deadline = [], time.time() + 600
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if marker in line and "committed" in line:
-                break
-            assert time.time() < deadline, "".join(lines)
-        else:
-            pytest.fail("the pipeline ended before the marker:\n" + "".join(lines))
-    finally:
-        # The driver and the JVM it started (same session group) die without any cleanup.
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    scored = tables.read(spark, str(killed_lake / "step_scores")).select("chain_id").distinct().count()
-    assert 0 < scored < 24
-    settings = pipeline.main(_real_argv(killed_lake, tmp_path, lake_input))
-    assert settings.rows_after["chain_scores"] > 0
-    from jobs.infra.config import load_settings
-
-    _assert_lakes_equal(spark, load_settings(overrides=[f"paths.lake={killed_lake}"], environ={}),
-                        load_settings(overrides=[f"paths.lake={clean_lake}"], environ={}))

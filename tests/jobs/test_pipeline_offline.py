@@ -1,0 +1,101 @@
+"""Nightly pipeline with its real stages (spaCy steps, tiny NLI / T5 / GPT-2 models): end to end, killed driver.
+
+Slow (minutes per run on 2 cores); one clean run of the sample lake is shared by the file's tests. Kept apart
+from test_pipeline.py so pytest-xdist (`--dist loadfile`) runs these beside the fake-stage recovery cases.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from test_pipeline import SAMPLE, _assert_lakes_equal
+
+from jobs.infra import tables
+from jobs.infra.config import PROJECT_ROOT, load_settings
+from jobs.receval import pipeline
+
+pytestmark = pytest.mark.slow
+
+
+def _real_argv(lake: Path, tmp_path: Path, lake_input: Path, *extra: str) -> list[str]:
+    return [
+        f"--set=paths.lake={lake}",
+        f"--set=ingest.input={lake_input}",
+        f"--set=mlflow.tracking_uri=sqlite:///{tmp_path}/mlruns.db",
+        f"--set=mlflow.artifact_location={tmp_path}/mlartifacts",
+        "--set=spark.master=local[2]",
+        "--set=spark.shuffle_partitions=2",
+        "--set=models.profile=offline",
+        # Two batches per stage: enough for a driver killed after the first to leave work undone.
+        "--set=pipeline.batch_chains=12",
+        "--set=pipeline.progress=plain",
+        *extra,
+    ]
+
+
+@dataclass(frozen=True)
+class OfflineRun:
+    tmp: Path
+    input: Path
+    lake: Path
+    summary: pipeline.Summary
+    out: str
+
+
+@pytest.fixture(scope="module")
+def offline_run(spark, tiny_models, tmp_path_factory) -> OfflineRun:
+    """`python -m jobs.receval.pipeline` (its main) once on the sample lake, offline profile; read-only."""
+    tmp = tmp_path_factory.mktemp("offline")
+    shutil.copytree(SAMPLE, tmp / "input")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        summary = pipeline.main(_real_argv(tmp / "clean", tmp, tmp / "input"))
+    return OfflineRun(tmp, tmp / "input", tmp / "clean", summary, out.getvalue())
+
+
+def test_main_sample_lake_offline_profile_end_to_end(offline_run):
+    summary = offline_run.summary
+    assert summary.rows_after["chains"] == 24
+    assert summary.rows_after["chain_scores"] + summary.rows_after["unscored"] == 24
+    assert summary.rows_after["chain_scores"] > 0
+    assert "Nightly pipeline summary" in offline_run.out and "MLflow: run " in offline_run.out
+    assert summary.report_html and "<html" in summary.report_html
+
+
+def test_main_killed_driver_then_rerun_equals_clean_run(spark, offline_run, tmp_path):
+    killed_lake = tmp_path / "killed"
+    argv = _real_argv(killed_lake, tmp_path, offline_run.input)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.receval.pipeline", *argv], cwd=PROJECT_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    marker = "[pipeline] scores: batch 1/"
+    lines, deadline = [], time.time() + 600
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if marker in line and "committed" in line:
+                break
+            assert time.time() < deadline, "".join(lines)
+        else:
+            pytest.fail("the pipeline ended before the marker:\n" + "".join(lines))
+    finally:
+        # The driver and the JVM it started (same session group) die without any cleanup.
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    scored = tables.read(spark, str(killed_lake / "step_scores")).select("chain_id").distinct().count()
+    assert 0 < scored < 24
+    summary = pipeline.main(argv)
+    assert summary.rows_after["chain_scores"] > 0
+    _assert_lakes_equal(spark, load_settings(overrides=[f"paths.lake={killed_lake}"], environ={}),
+                        load_settings(overrides=[f"paths.lake={offline_run.lake}"], environ={}))
