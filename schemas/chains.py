@@ -32,6 +32,14 @@ METADATA = "metadata"
 CONTENT_HASH = "content_hash"
 SOURCE = "source"  # input file or table the row came from
 INGESTED_AT = "ingested_at"
+# Given RCUs, one per step, parallel to `steps`: the producer's own units, used by the steps job as they are
+# (extractor "given"); null: the steps job extracts them. Input rows give them as step objects (ingest.mapping
+# step_text / step_premises / step_conclusion); the EntailmentBank adapter from the trees (perturb.gold_rcus).
+STEP_RCUS = "step_rcus"
+RCU_PREMISES = "premises"
+RCU_CONCLUSION = "conclusion"
+# Nullable as JSON-parsed and Delta-stored structs come back; ingest and the steps job check the contents.
+STEP_RCU = StructType([StructField(RCU_PREMISES, ArrayType(StringType())), StructField(RCU_CONCLUSION, StringType())])
 
 SCHEMA = StructType(
     [
@@ -50,6 +58,7 @@ SCHEMA = StructType(
         StructField(CONTENT_HASH, StringType(), False),
         StructField(SOURCE, StringType(), True),
         StructField(INGESTED_AT, TimestampType(), True),
+        StructField(STEP_RCUS, ArrayType(STEP_RCU), True),  # last: tables made before it gain it at the end
     ]
 )
 
@@ -57,4 +66,6 @@ SCHEMA = StructType(
 def content_hash(record: Mapping[str, Any]) -> str:
     """sha256 over what defines a chain; the id of chains that come without one (part of the contract)."""
     keyed = {k: record.get(k) for k in (CONTEXT, QUESTION, STEPS, CHAIN_TEXT, ANSWER)}
+    if record.get(STEP_RCUS) is not None:  # only when given: the hash of every other chain stays what it was
+        keyed[STEP_RCUS] = record[STEP_RCUS]
     return hashlib.sha256(json.dumps(keyed, sort_keys=True, ensure_ascii=False).encode()).hexdigest()

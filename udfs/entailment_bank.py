@@ -113,6 +113,7 @@ def to_chain(
     texts: Mapping[str, str] | None = None,
     chain_id: str | None = None,
     metadata: Mapping[str, Any] | None = None,
+    gold_rcus: bool = False,
 ) -> dict[str, Any]:
     """One EB row -> a `chains` record (schemas.chains field names).
 
@@ -120,6 +121,8 @@ def to_chain(
     and gold_steps stay the row's gold proof. The predicted answer a_hat is the hypothesis sentence: the
     official code scores information gain towards `sentences['hypothesis']` (the tree's final conclusion, a
     declarative sentence), not the short multiple-choice answer, which is kept as gold_answer.
+    With `gold_rcus`, each step also carries the tree's units as given RCUs (`step_rcus`): its fresh parents as
+    premises, its child as conclusion, exactly the texts `render` joins.
     """
     gold_steps = parse_proof(row["proof"])
     gold_texts = node_texts(row)
@@ -138,6 +141,9 @@ def to_chain(
         "gold_steps": render(gold_steps, gold_texts),
         "labels": None,
         "metadata": _metadata(row, metadata),
+        "step_rcus": (
+            [{"premises": fresh, "conclusion": child} for fresh, child in fresh_steps(steps, texts)] if gold_rcus else None
+        ),
     }
     record["content_hash"] = chains.content_hash(record)
     return record
@@ -157,6 +163,8 @@ def chain_ids(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def to_chains(rows: Iterable[Mapping[str, Any]], dataset: str = "entailment_bank") -> list[dict[str, Any]]:
+def to_chains(
+    rows: Iterable[Mapping[str, Any]], dataset: str = "entailment_bank", gold_rcus: bool = False
+) -> list[dict[str, Any]]:
     rows = list(rows)
-    return [to_chain(row, dataset, chain_id=cid) for row, cid in zip(rows, chain_ids(rows), strict=True)]
+    return [to_chain(row, dataset, chain_id=cid, gold_rcus=gold_rcus) for row, cid in zip(rows, chain_ids(rows), strict=True)]

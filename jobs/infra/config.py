@@ -137,6 +137,10 @@ class IngestSettings(Section):
             "context": "context",
             "question": "question",
             "steps": "steps",
+            # a step given as an object carries its own RCUs: these name its fields (dotted paths inside it)
+            "step_text": "text",
+            "step_premises": "premises",
+            "step_conclusion": "conclusion",
             "chain_text": "chain",
             "answer": "answer",
             "gold_answer": "gold_answer",
@@ -230,6 +234,9 @@ class PerturbSettings(Section):
     paraphrase_prefix: str = "paraphrase: "
     paraphrase_max_new_tokens: int = Field(48, ge=1)
     paraphrase_num_beams: int = Field(4, ge=1)  # return sequences too: the first that differs is used
+    # Give each chain the tree's own units (premises = a step's fresh parents, conclusion = its child) as
+    # given RCUs, so scores measure the metric and not the extractor; false: the steps job extracts them.
+    gold_rcus: bool = False
 
 
 class MetaEvalSettings(Section):

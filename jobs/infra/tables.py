@@ -97,6 +97,13 @@ def ensure(
             writer = writer.option(key, value)
         writer.save(path)
     table = DeltaTable.forPath(spark, path)
+    # A nullable column added to a contract (at its end) reaches tables made before it, so MERGE can insert it.
+    columns = set(table.toDF().columns)
+    added = [f for f in schema.fields if f.name not in columns and f.nullable]
+    if added:
+        ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in added)
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({ddl})")
+        table = DeltaTable.forPath(spark, path)  # a handle made before the change refuses to MERGE
     if properties:
         have = table.detail().select("properties").first()[0]
         missing = {k: v for k, v in properties.items() if have.get(k) != v}

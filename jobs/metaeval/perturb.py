@@ -228,9 +228,9 @@ def build(kind: str, rows: list[dict[str, Any]], task2: list[dict[str, Any]], id
                 perturbation_after=json.dumps(changed[idx:], ensure_ascii=False),
                 perturbation_detail=json.dumps(record, ensure_ascii=False),
             )
-            chain = EB.to_chain(row, dataset, steps, texts, chain_id=chain_id, metadata=meta)
+            chain = EB.to_chain(row, dataset, steps, texts, chain_id=chain_id, metadata=meta, gold_rcus=cfg.gold_rcus)
         else:
-            chain = EB.to_chain(row, dataset, chain_id=chain_id, metadata=meta)
+            chain = EB.to_chain(row, dataset, chain_id=chain_id, metadata=meta, gold_rcus=cfg.gold_rcus)
         chain[C.LABELS] = {kind: PERTURBED if i in done else CLEAN}
         chain[C.SOURCE] = cfg.eb_task1_test
         records.append(chain)

@@ -104,6 +104,39 @@ def _text_list(field: str, value: Any, limit: int, max_items: int) -> list[str] 
     return [item for item in items if item is not None]
 
 
+def _steps(
+    value: Any, m: Mapping[str, str | None], limit: int, max_items: int
+) -> tuple[list[str] | None, list[dict[str, Any]] | None]:
+    """(step texts, given RCUs or None): steps are texts, or objects that carry their own units (text, premise
+    units, conclusion unit, under the mapping's step_text / step_premises / step_conclusion)."""
+    if not isinstance(value, list) or not any(isinstance(v, Mapping) for v in value):
+        return _text_list("steps", value, limit, max_items), None
+    if not all(isinstance(v, Mapping) for v in value):
+        raise RowError("wrong_type", "field 'steps' mixes texts and objects")
+    if len(value) > max_items:
+        raise RowError("too_many_steps", f"field 'steps' has {len(value)} items (limit {max_items})")
+    texts: list[str] = []
+    units: list[dict[str, Any]] = []
+    for i, obj in enumerate(value):
+        text = _text(f"steps[{i}].text", _lookup(obj, m.get("step_text")), limit)
+        if text is None or not text.strip():
+            raise RowError("empty_step", f"step {i} has no text")
+        premises = _lookup(obj, m.get("step_premises"))
+        if premises is None:
+            premises = []
+        if not isinstance(premises, list):
+            raise RowError("wrong_type", f"step {i}: premises must be a list of strings, got {type(premises).__name__}")
+        premises = [_text(f"steps[{i}].premises[{j}]", p, limit) for j, p in enumerate(premises)]
+        if any(p is None or not p.strip() for p in premises):
+            raise RowError("empty_step", f"step {i} holds an empty premise unit")
+        conclusion = _text(f"steps[{i}].conclusion", _lookup(obj, m.get("step_conclusion")), limit)
+        if conclusion is None or not conclusion.strip():
+            raise RowError("missing_step_conclusion", f"step {i} gives units but no conclusion unit")
+        texts.append(text)
+        units.append({C.RCU_PREMISES: premises, C.RCU_CONCLUSION: conclusion})
+    return texts, units
+
+
 def _labels(value: Any) -> dict[str, float] | None:
     if value is None:
         return None
@@ -146,7 +179,7 @@ def validate(raw: str | None, cfg: IngestSettings) -> dict[str, Any]:
         C.QUESTION_ID: _text("question_id", _lookup(row, m.get("question_id")), limit),
         C.CONTEXT: _text("context", _lookup(row, m.get("context")), limit, required=True),
         C.QUESTION: _text("question", _lookup(row, m.get("question")), limit),
-        C.STEPS: _text_list("steps", _lookup(row, m.get("steps")), limit, cfg.max_steps),
+        C.STEPS: None,
         C.CHAIN_TEXT: _text("chain_text", _lookup(row, m.get("chain_text")), limit),
         C.ANSWER: _text("answer", _lookup(row, m.get("answer")), limit),
         C.GOLD_ANSWER: _text("gold_answer", _lookup(row, m.get("gold_answer")), limit),
@@ -154,6 +187,7 @@ def validate(raw: str | None, cfg: IngestSettings) -> dict[str, Any]:
         C.LABELS: _labels(_lookup(row, m.get("labels"))),
         C.METADATA: _metadata(_lookup(row, m.get("metadata"))),
     }
+    record[C.STEPS], record[C.STEP_RCUS] = _steps(_lookup(row, m.get("steps")), m, limit, cfg.max_steps)
     if record[C.STEPS] is None and record[C.CHAIN_TEXT] is None:
         raise RowError("missing_chain", "neither steps nor chain text is present")
     if record[C.STEPS] is not None and not record[C.STEPS]:

@@ -7,6 +7,9 @@ Step boundaries (`steps.boundary`):
 - a chain given as one text is split by `sentence` (spaCy sentences; newlines are hard boundaries, since LLM
   chains list steps one per line without periods), `newline`, or kept `whole`; `given` quarantines it
   (reason missing_steps).
+RCUs: a chain that carries its own (`chains.step_rcus`, one entry per given step) keeps them as given, extractor
+"given", unparsed (except under `whole`, which joins the steps and extracts); otherwise `steps.extractor` finds them
+(clause units by default, docs/design/RECEVAL.md) and `steps.roles` picks the conclusion.
 The context X is split the same way as `sentence` (the question is appended when the context does not
 already contain it). One spaCy pass per Arrow batch (`nlp.pipe`), the pipeline loaded once per worker.
 """
@@ -36,13 +39,16 @@ from udfs import rcu, rcu_clauses
 log = logging.getLogger(__spec__.name)
 
 STAGE = "steps"
-_INPUT = (C.CHAIN_ID, C.CONTEXT, C.QUESTION, C.STEPS, C.CHAIN_TEXT, C.ANSWER)
+_INPUT = (C.CHAIN_ID, C.CONTEXT, C.QUESTION, C.STEPS, C.CHAIN_TEXT, C.ANSWER, C.STEP_RCUS)
+STEP_EXTRACTOR = "extractor"  # per step: the configured extractor's name, or "given" for units the chain carried
+GIVEN = "given"
 _STEP = StructType(
     [
         StructField(S.STEP_TEXT, StringType(), False),
         StructField(S.PREMISE_RCUS, ArrayType(StringType(), False), False),
         StructField(S.CONCLUSION_RCU, StringType(), False),
         StructField(S.BOUNDARY, StringType(), False),
+        StructField(STEP_EXTRACTOR, StringType(), False),
     ]
 )
 EXTRACTED = StructType(
@@ -125,27 +131,49 @@ def _frames_fn(opts: Options) -> Callable[[Any], list[rcu.Frame]]:
     return frames
 
 
-def _plan(record: dict[str, Any], opts: Options) -> tuple[list[tuple[str, str, bool]], list[str]]:
-    """(texts to parse as steps: (text, boundary, split into sentences?), context lines)."""
+Units = tuple[list[str], str]  # given (premise RCUs, conclusion RCU) of one step
+Planned = tuple[str, str, bool, Units | None]  # step text, boundary, split into sentences?, given units
+
+
+def _given_units(record: dict[str, Any], n_steps: int) -> list[Units] | None:
+    """The chain's own RCUs per step (chains.step_rcus), or None; they must match the steps one for one."""
+    given = record.get(C.STEP_RCUS)
+    if given is None:
+        return None
+    units = []
+    for item in given:
+        item = item.asDict() if hasattr(item, "asDict") else item
+        premises = item.get(C.RCU_PREMISES)
+        units.append(([str(p) for p in (premises.tolist() if hasattr(premises, "tolist") else premises or [])],
+                      str(item.get(C.RCU_CONCLUSION) or "")))
+    if len(units) != n_steps:
+        raise ChainError("bad_step_rcus", f"{len(units)} given RCU entries for {n_steps} steps")
+    return units
+
+
+def _plan(record: dict[str, Any], opts: Options) -> tuple[list[Planned], list[str]]:
+    """(steps: (text, boundary, split into sentences?, given units or None), context lines). Only steps without
+    given units are parsed."""
     clean = lambda t: rcu.clean_text(t, opts.strip_calculator)  # noqa: E731
     given = record.get(C.STEPS)
     text = record.get(C.CHAIN_TEXT)
     if given is not None and len(given) > 0:
         parts = [clean(s).strip() for s in given]
-        if opts.boundary == "whole":
-            plan = [(" ".join(p for p in parts if p), "whole", False)]
+        if opts.boundary == "whole":  # one joined step: units given per step no longer apply, they are extracted
+            plan = [(" ".join(p for p in parts if p), "whole", False, None)]
         else:
-            plan = [(p, "given", False) for p in parts]
+            units = _given_units(record, len(parts))
+            plan = [(p, "given", False, units[i] if units else None) for i, p in enumerate(parts)]
     elif text is not None and text.strip():
         text = clean(text)
         if opts.boundary == "given":
             raise ChainError("missing_steps", "steps.boundary=given but the chain has no steps array")
         if opts.boundary == "whole":
-            plan = [(text.strip(), "whole", False)]
+            plan = [(text.strip(), "whole", False, None)]
         elif opts.boundary == "newline":
-            plan = [(line, "newline", False) for line in rcu.lines(text)]
+            plan = [(line, "newline", False, None) for line in rcu.lines(text)]
         else:
-            plan = [(line, "sentence", True) for line in rcu.lines(text)]
+            plan = [(line, "sentence", True, None) for line in rcu.lines(text)]
     else:
         raise ChainError("no_steps", "the chain has neither steps nor chain text")
     context = record.get(C.CONTEXT) or ""
@@ -155,9 +183,18 @@ def _plan(record: dict[str, Any], opts: Options) -> tuple[list[tuple[str, str, b
     return plan, rcu.lines(clean(context))
 
 
-def _steps_of(plan, docs, units_of, opts: Options) -> list[dict[str, Any]]:
+def _steps_of(plan: list[Planned], docs: list[Any], units_of, opts: Options) -> list[dict[str, Any]]:
+    """One dict per step; `docs` holds the parses of the planned steps without given units, in order."""
     out = []
-    for (_, boundary, split), doc in zip(plan, docs, strict=True):
+    parsed = iter(docs)
+    for text, boundary, split, given in plan:
+        if given is not None:
+            out.append(
+                {S.STEP_TEXT: text, S.PREMISE_RCUS: given[0], S.CONCLUSION_RCU: given[1], S.BOUNDARY: boundary,
+                 STEP_EXTRACTOR: GIVEN}
+            )
+            continue
+        doc = next(parsed)
         units = rcu.sentence_spans(doc) if split else [doc]
         for unit in units:
             step_text = unit.text.strip()
@@ -166,7 +203,8 @@ def _steps_of(plan, docs, units_of, opts: Options) -> list[dict[str, Any]]:
             found = [rcu.Rcu(u.text, u.start - lead) for u in found]
             premises, conclusion = rcu.assign_roles(found, step_text, opts.roles)
             out.append(
-                {S.STEP_TEXT: step_text, S.PREMISE_RCUS: premises, S.CONCLUSION_RCU: conclusion, S.BOUNDARY: boundary}
+                {S.STEP_TEXT: step_text, S.PREMISE_RCUS: premises, S.CONCLUSION_RCU: conclusion, S.BOUNDARY: boundary,
+                 STEP_EXTRACTOR: opts.extractor_name}
             )
     if not out:
         raise ChainError("no_steps", "splitting the chain gave no steps")
@@ -186,7 +224,7 @@ def explode_records(records: list[dict[str, Any]], opts: Options) -> list[dict[s
         try:
             plan, ctx = _plan(rec, opts)
             plans.append((plan, ctx))
-            texts += [t for t, _, _ in plan] + ctx
+            texts += [t for t, _, _, units in plan if units is None] + ctx
         except ChainError as err:
             plans.append(err)
         except Exception as err:  # a planning bug must quarantine the chain, not fail the night
@@ -199,7 +237,7 @@ def explode_records(records: list[dict[str, Any]], opts: Options) -> list[dict[s
             out.append({**row, "error": planned.reason, "detail": str(planned), "raw": _raw(rec)})
             continue
         plan, ctx = planned
-        step_docs = [next(docs) for _ in plan]
+        step_docs = [next(docs) for *_, units in plan if units is None]
         ctx_docs = [next(docs) for _ in ctx]
         try:
             steps = _steps_of(plan, step_docs, units_of, opts)
@@ -277,7 +315,7 @@ def split(extracted: DataFrame, settings: Settings) -> tuple[DataFrame, DataFram
         F.col(f"s.{S.CONCLUSION_RCU}").alias(S.CONCLUSION_RCU),
         F.col(f"s.{S.BOUNDARY}").alias(S.BOUNDARY),
         F.lit(opts.roles).alias(S.ROLE_RULE),
-        F.lit(opts.extractor_name).alias(S.EXTRACTOR),
+        F.col(f"s.{STEP_EXTRACTOR}").alias(S.EXTRACTOR),
     )
     contexts = good.select(
         C.CHAIN_ID, config_hash.alias(S.CONFIG_HASH), S.CONTEXT_SENTENCES, S.ANSWER, S.ANSWER_RULE

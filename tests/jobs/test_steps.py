@@ -39,14 +39,17 @@ def test_explode_records_sentence_boundary_splits_lines_and_sentences(opts):
             S.PREMISE_RCUS: ["Natalia sold 24 clips in May"],
             S.CONCLUSION_RCU: "she sold 72 clips altogether",
             S.BOUNDARY: "sentence",
+            J.STEP_EXTRACTOR: opts.extractor_name,
         },
         {
             S.STEP_TEXT: GALAXY,
             S.PREMISE_RCUS: ["a galaxy is a kind of celestial object"],
             S.CONCLUSION_RCU: "galaxies can be classified by shape",
             S.BOUNDARY: "sentence",
+            J.STEP_EXTRACTOR: opts.extractor_name,
         },
-        {S.STEP_TEXT: "So the answer is 72.", S.PREMISE_RCUS: [], S.CONCLUSION_RCU: "the answer is 72", S.BOUNDARY: "sentence"},
+        {S.STEP_TEXT: "So the answer is 72.", S.PREMISE_RCUS: [], S.CONCLUSION_RCU: "the answer is 72", S.BOUNDARY: "sentence",
+         J.STEP_EXTRACTOR: opts.extractor_name},
     ]
     assert out[S.CONTEXT_SENTENCES] == ["Natalia sold clips in April.", "How many?"]
     assert (out[S.ANSWER], out[S.ANSWER_RULE]) == ("72", "indicator")
@@ -77,7 +80,8 @@ def test_explode_records_given_steps_are_kept(opts):
     [out] = J.explode_records([chain("a", steps=given, answer="72")], opts)
     assert [s[S.STEP_TEXT] for s in out["steps"]] == given
     assert {s[S.BOUNDARY] for s in out["steps"]} == {"given"}
-    assert out["steps"][1] == {S.STEP_TEXT: "", S.PREMISE_RCUS: [], S.CONCLUSION_RCU: "", S.BOUNDARY: "given"}
+    assert out["steps"][1] == {S.STEP_TEXT: "", S.PREMISE_RCUS: [], S.CONCLUSION_RCU: "", S.BOUNDARY: "given",
+                               J.STEP_EXTRACTOR: opts.extractor_name}
     assert (out[S.ANSWER], out[S.ANSWER_RULE]) == ("72", "given")
     [joined] = J.explode_records([chain("a", steps=given)], dataclasses.replace(opts, boundary="whole"))
     assert [s[S.STEP_TEXT] for s in joined["steps"]] == [NATALIA + " " + GALAXY + " Yes"]
