@@ -216,3 +216,13 @@ def test_run_reads_chains_writes_reconciles_and_is_idempotent(spark, settings):
     assert (again["already_done"], again["steps_inserted"], again["contexts_inserted"]) == (len(recs) - 1, 0, 0)
     assert again["quarantined"] == 1 and again["quarantine_inserted"] == 0  # the empty chain, not repeated
     assert spark.read.format("delta").load(settings.table("steps")).count() == first["steps_rows"]
+
+
+def test_explode_records_five_thousand_word_step(opts):
+    # one given step of 5,008 words in 313 sentences: units for every sentence, the last one's conclusion
+    step = "Tom has 3 apples and Ann has 4 pears, so they have 7 fruits in all. " * 313
+    [out] = J.explode_records([chain("long", steps=[step])], opts)
+    assert out.get("error") is None
+    [row] = out["steps"]
+    assert row[S.CONCLUSION_RCU] == "they have 7 fruits in all"
+    assert len(row[S.PREMISE_RCUS]) == 3 * 313 - 1
