@@ -114,6 +114,7 @@ def test_model_jobs_twice_in_one_session_release_what_they_hold(spark, night, ti
     argv = _argv([
         *night, "steps.boundary=newline", "runtime.device=cpu", "baselines.groups=[rouge,li]", "cot.datasets=[]",
         "cot.custom_path=tests/data/cot_custom.jsonl", "cot.max_new_tokens=6", "cot.direct_max_new_tokens=4",
+        "cot.generation_max_new_tokens=6",
         "cot.bootstrap_resamples=20",
     ])
     twice(spark, lambda: steps.main(argv), "steps")
