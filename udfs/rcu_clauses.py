@@ -244,6 +244,14 @@ def clause_spans(sent: Any) -> list[tuple[int, int]]:
             stop = max(t.i for t in tok.head.subtree) - toks[0].i + 1
             if stop < n and not in_cut[stop] and is_clause(toks[stop:]):
                 accepted.append((stop, stop))
+            elif not any(a > i for a, _ in [*cuts, *accepted]):
+                # The parse ran the premise into the main clause ("since I was paying a tip on the bill I paid
+                # $36"): the main clause starts at a pronoun or name right after a noun, once the premise has its verb.
+                verb = next((j for j in range(i + 1, n) if toks[j].tag_ in _FINITE), n)
+                for k in range(verb + 2, n):
+                    if toks[k].tag_ in ("PRP", "NNP") and toks[k - 1].pos_ in ("NOUN", "PROPN", "NUM") and is_clause(toks[k:]):
+                        accepted.append((k, k))
+                        break
     spans: list[tuple[int, int]] = []
     pos = 0
     base = sent.start_char

@@ -97,6 +97,32 @@ CASES = [
         ["Janet eats 3 duck eggs for breakfast and bakes 4 into muffins"],
         "3 + 4 = 7 duck eggs are used",
     ),
+    # After "and", a clause whose subject holds "and" itself: it runs across that coordinator to its verb.
+    (
+        "the sun is a star and the moon and the earth are in the solar system, so the sun is in the solar system.",
+        ["the sun is a star", "the moon and the earth are in the solar system"],
+        "the sun is in the solar system",
+    ),
+    (
+        "Tom has 3 apples and his brother and sister have 4 apples, so they have 7 apples.",
+        ["Tom has 3 apples", "his brother and sister have 4 apples"],
+        "they have 7 apples",
+    ),
+    # GSM-8K: verbs sharing "Debra" stay one unit ("then sees ..." has no subject); the comma before an equation
+    # cuts; "15 bees that are still away" is a relative clause after "and", not a clause of its own.
+    (
+        "Debra first sees 30 bees leave the hive, then sees 1/2 that many return, 30 x 1/2 = 15 bees that return and "
+        "15 bees that are still away from the hive.",
+        ["Debra first sees 30 bees leave the hive, then sees 1/2 that many return"],
+        "30 x 1/2 = 15 bees that return and 15 bees that are still away from the hive",
+    ),
+    # Verbs sharing one subject stay one unit even when a later verb follows ("he picked" is not the subject of
+    # "gives away": the right side opens with its verb).
+    (
+        "Mark eats 2 apples and gives away the 3 apples he picked, so he has 0 apples left.",
+        ["Mark eats 2 apples and gives away the 3 apples he picked"],
+        "he has 0 apples left",
+    ),
     # A coordinated subject is not a clause: "the sun" has no verb of its own.
     ("the sun and the moon are in the sky, so the sky has two lights.", ["the sun and the moon are in the sky"], "the sky has two lights"),
     # List commas are not cut.
@@ -130,6 +156,25 @@ CASES = [
         ["each box of oranges contains 20 oranges"],
         "Mrs. Harrington sold 6 x 20 = 120 oranges",
     ),
+    # "since P C" without a comma, the parser running P into C: C starts at the name after P's noun.
+    (
+        "Since there are 4 harvests per year John can harvest 4*1000 = 4000 pineapples within a year.",
+        ["there are 4 harvests per year"],
+        "John can harvest 4*1000 = 4000 pineapples within a year",
+    ),
+    (
+        "I was going to pay $30 but since I was paying an additional 20% tip on the bill I paid 30*1.20 = $36.00",
+        ["I was going to pay $30", "I was paying an additional 20% tip on the bill"],
+        "I paid 30*1.20 = $36.00",
+    ),
+    # ", so" is a connective even where the parser reads a degree "so" ("so warm"): EB renders every step so.
+    (
+        "temperature is a measure of heat, so warm / becoming warm means temperature increases.",
+        ["temperature is a measure of heat"],
+        "warm / becoming warm means temperature increases",
+    ),
+    # "Since P C" without a comma, parsed right: the premise ends with its verb's subtree.
+    ("Since the price rose the shop sold fewer apples.", ["the price rose"], "the shop sold fewer apples"),
     # "since" + a date is a preposition.
     ("He has lived here since 2010, so he knows the town.", ["He has lived here since 2010"], "he knows the town"),
     # "C, since P" concludes C.
@@ -281,3 +326,65 @@ def test_five_thousand_word_step_is_cut_fast_and_whole(nlp):
     assert elapsed < 5  # linear in the tokens: ~0.1 s here
     premises, conclusion = rcu.assign_roles(units, text, "conjunction")
     assert conclusion == "they have 7 fruits" and len(premises) == 1199
+
+
+# ------------------------------------------------------------------------------ every rule is pinned by a case
+# Each rule of udfs/rcu_clauses.py and the conjunction role rule, switched off by replacing its line in a copy of
+# the module's source: at least one case above must then fail (the cases pin the rules, not just the output).
+RULES = {
+    "shared subject": ("c", 'or seg[k].tag_ in _FINITE or seg[k].tag_ in ("VB", "VBN"):', ":"),
+    "relative clause": ("c", 'return False  # "animals that eat plants"', 'pass  # "animals that eat plants"'),
+    "subordinate clause kept whole": ("c", "for j in range(i, _zone_end(toks, i, at) + 1):", "for j in range(i, i):"),
+    "if ... then": ("c", 'if toks[j].lower_ == "then":', "if False:"),
+    "conjunct of the left side": ("c", 'not (first.dep_ == "conj" and left_from', 'not (False and left_from'),
+    "subject across a coordinator": ("c", "elif toks[g[-1]].lower_ in _COORDINATORS and _subject_runs_on(", "elif False and ("),
+    "equation after a comma": ("c", "if is_clause(right) or starts_equation(right):", "if is_clause(right):"),
+    "instruction before a colon": ("c", "if _imperative(toks[left_from:start]):", "if False:"),
+    "thus/therefore at a clause start": ("c", "if word in _BOUNDARY_CONNECTIVES and _at_clause_start(toks, i):", "if word in _BOUNDARY_CONNECTIVES:"),
+    "because of": ("c", 'return None if nxt == "of" else (1, "premise")', 'return (1, "premise")'),
+    "since + clause": ("c", 'return (1, "premise") if _verb_before_break(toks, i) else None', 'return (1, "premise")'),
+    "so that (purpose)": ("c", 'return None  # purpose: "so that he can"', "pass"),
+    "so (degree)": ("c", 'return None  # degree: "so big", "so quickly"', "pass"),
+    ", so": ("c", 'return 1, "conclusion"  # ", so"', 'pass  # ", so"'),
+    "which means": ("c", 'if word in ("which", "that", "this") and nxt == "means"', "if False"),
+    "as a result": ("c", 'if word == "as" and nxt == "a" and after == "result":', "if False:"),
+    "since P C: subtree": ("c", "if stop < n and not in_cut[stop] and is_clause(toks[stop:]):", "if False:"),
+    "since P C: name after a noun": ("c", "elif not any(a > i for a, _ in [*cuts, *accepted]):", "elif False:"),
+    "left side has its own verb": ("c", "        elif _has_main_verb(left):", "        elif True:"),
+    "conclusion span joined": ("r", "if first < last:", "if False:"),
+    "premise across and/or": ("r", 'elif roles and roles[-1] == "premise" and re.search', "elif False and re.search"),
+    "C because P": ("r", "idx = free[-1] if free else idx", "idx = idx"),
+    "conclusion carried on": ("r", 'elif roles and roles[-1] == "conclusion":', "elif False:"),
+}
+
+
+def _mutant(module, old: str, new: str):
+    import sys
+    import types
+
+    source = open(module.__file__, encoding="utf-8").read()
+    assert source.count(old) == 1, old
+    mutant = types.ModuleType(f"{module.__name__}_mutant")
+    sys.modules[mutant.__name__] = mutant  # dataclasses look their module up
+    try:
+        exec(compile(source.replace(old, new), mutant.__name__, "exec"), mutant.__dict__)
+    finally:
+        del sys.modules[mutant.__name__]
+    return mutant
+
+
+@pytest.fixture(scope="module")
+def parsed(nlp):
+    return {text: nlp(text) for text, _, _ in CASES}
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_every_rule_has_a_case_that_fails_without_it(parsed, rule):
+    where, old, new = RULES[rule]
+    clauses = _mutant(RC, old, new) if where == "c" else RC
+    roles_of = _mutant(rcu, old, new).assign_roles if where == "r" else rcu.assign_roles
+    failing = [
+        text for text, premises, conclusion in CASES
+        if roles_of(clauses.clause_units(parsed[text]), text, "conjunction") != (premises, conclusion)
+    ]
+    assert failing, f"no case fails without the rule {rule!r}"
