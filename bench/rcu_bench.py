@@ -88,7 +88,13 @@ def _gsm8k_records() -> list[dict[str, Any]]:
     return steps_bench.gsm8k_chains()
 
 
-def throughput(settings: Settings, sets: dict[str, list[dict[str, Any]]], repeats: int = 3) -> list[tuple]:
+def throughput(
+    settings: Settings, sets: dict[str, list[dict[str, Any]]], repeats: int = 3, baseline: Settings | None = None
+) -> list[tuple]:
+    """Per set: (name, chains, steps, job s, nlp.pipe 1 process s, nlp.pipe 2 processes s, baseline job s | None).
+
+    `baseline`: the job under other settings (the extraction before issue #15), timed in the same rounds.
+    """
     from jobs.infra.config import SparkSettings
     from jobs.infra.session import build_session
     from udfs import rcu
@@ -112,7 +118,7 @@ def throughput(settings: Settings, sets: dict[str, list[dict[str, Any]]], repeat
                 texts += [t for t, _, _, units in plan if units is None] + ctx
             # Alternated and repeated, best time of each kept: on a shared machine the load moves between the
             # runs, and the fastest run is the one least slowed by others.
-            t_job = t_raw1 = t_raw2 = float("inf")
+            t_job = t_raw1 = t_raw2 = t_base = float("inf")
             for _ in range(repeats):
                 start = time.perf_counter()
                 for _ in nlp.pipe(texts, batch_size=opts.batch_size):
@@ -124,11 +130,16 @@ def throughput(settings: Settings, sets: dict[str, list[dict[str, Any]]], repeat
                 for _ in nlp.pipe(texts, batch_size=opts.batch_size, n_process=2):
                     pass
                 t_raw2 = min(t_raw2, time.perf_counter() - start)
-            results.append((name, len(records), n_job, t_job, t_raw1, t_raw2))
+                if baseline is not None:
+                    n_base, elapsed = steps_bench.spark_rate(spark, baseline, records)
+                    assert n_base == n_job, (n_base, n_job)
+                    t_base = min(t_base, elapsed)
+            results.append((name, len(records), n_job, t_job, t_raw1, t_raw2, t_base if baseline else None))
             print(
                 f"{name}: {n_job} steps; job local[2] {n_job / t_job:.1f} steps/s; nlp.pipe 1 process "
                 f"{n_job / t_raw1:.1f}, 2 processes {n_job / t_raw2:.1f}; job / raw(1 process) "
                 f"{t_raw1 / t_job:.2f}x, job / raw(2 processes) {t_raw2 / t_job:.2f}x"
+                + (f"; baseline job {n_job / t_base:.1f} steps/s, job / baseline {t_base / t_job:.2f}x" if baseline else "")
             )
     finally:
         spark.stop()
@@ -142,6 +153,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sets", nargs="*", default=["eb_dev", "eb_test", "natural"])
     parser.add_argument("--throughput", action="store_true")
     parser.add_argument("--repeats", type=int, default=3, help="throughput: runs of each, best kept")
+    parser.add_argument(
+        "--baseline", action="append", default=None, metavar="KEY=VALUE",
+        help="throughput: also time the job under these overrides in the same rounds (e.g. steps.extractor=spacy)",
+    )
     parser.add_argument("--misses", type=Path, help="write the disagreeing steps of each set here (jsonl)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args(argv)
@@ -165,19 +180,29 @@ def main(argv: list[str] | None = None) -> None:
     speed = None
     if args.throughput:
         eb_test = data["eb_test"][0] if "eb_test" in data else eb_set(settings, "test")[0]
-        speed = throughput(settings, {"EB task_1 test": eb_test, "GSM-8K": _gsm8k_records()}, args.repeats)
+        baseline = (
+            load_settings(overrides=["mlflow.enabled=false", *args.set, *args.baseline], environ={}) if args.baseline else None
+        )
+        speed = throughput(settings, {"EB task_1 test": eb_test, "GSM-8K": _gsm8k_records()}, args.repeats, baseline)
     if not args.no_record:
-        record(summaries, speed, settings, args.set, agreement_s, args.repeats)
+        record(summaries, speed, settings, args.set, agreement_s, args.repeats, args.baseline or [])
 
 
 def record(
-    summaries: dict, speed: list[tuple] | None, settings: Settings, overrides: list[str], seconds: float, repeats: int
+    summaries: dict,
+    speed: list[tuple] | None,
+    settings: Settings,
+    overrides: list[str],
+    seconds: float,
+    repeats: int,
+    baseline: list[str],
 ) -> None:
     cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True, text=True).stdout
     cpu = cpu.split(":", 1)[-1].strip() or "unknown CPU"
     st = settings.steps
     cmd = " ".join(["bench/rcu_bench.py", *(f"--set {o}" for o in overrides), *(["--throughput"] if speed else [])])
     cmd += f" --repeats {repeats}" if speed and repeats != 3 else ""
+    cmd += "".join(f" --baseline {b}" for b in baseline) if speed else ""
     lines = [
         "",
         f"## RCU agreement with gold units (extractor `{st.extractor}`, roles `{st.roles}`)",
@@ -209,14 +234,17 @@ def record(
             f"{repeats} times, alternated, best kept.",
             "",
             "| chains | n | steps | job local[2] steps/s | nlp.pipe 1 process | nlp.pipe 2 processes | job / 1 process "
-            "| job / 2 processes |",
-            "|---|---|---|---|---|---|---|---|",
+            "| job / 2 processes | baseline job steps/s | job / baseline |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for name, n, steps, t_job, t1, t2 in speed:
+        for name, n, steps, t_job, t1, t2, t_base in speed:
+            base = f"{steps / t_base:.1f} | {t_base / t_job:.2f}x" if t_base else "- | -"
             lines.append(
                 f"| {name} | {n} | {steps} | {steps / t_job:.1f} | {steps / t1:.1f} | {steps / t2:.1f} "
-                f"| {t1 / t_job:.2f}x | {t2 / t_job:.2f}x |"
+                f"| {t1 / t_job:.2f}x | {t2 / t_job:.2f}x | {base} |"
             )
+        if baseline:
+            lines.append(f"\nBaseline: the same job with `{' '.join(baseline)}`, timed in the same rounds.")
     path = ROOT / "bench" / "RESULTS.md"
     with path.open("a") as f:
         f.write("\n".join(lines) + "\n")
