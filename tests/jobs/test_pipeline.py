@@ -93,7 +93,7 @@ def clean_run(spark, tmp_path_factory) -> CleanRun:
     out = io.StringIO()
     argv = [f"--set={key}={value}" for key, value in _clean_overrides(root / "input", root / "lake", root)]
     # The nightly report too (its MLflow artifact is checked below); the copies' reruns skip it.
-    argv.append("--set=pipeline.stages=[ingest,steps,scores,aggregate,curate,report]")
+    argv += ["--set=pipeline.stages=[ingest,steps,scores,aggregate,curate,report]", "--set=pipeline.report_worst_n=2"]
     # Jobs log to the standard error as it is at each record (jobs.infra.logs).
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         summary = pipeline.main(argv, transforms=fakes.transforms())
@@ -316,3 +316,34 @@ def test_main_logs_parent_run_with_stage_children(spark, clean_run):
     written = {(d.dataset.name, d.tags[0].value) for d in by_name["scores"].inputs.dataset_inputs}
     assert written == {("steps", "input"), ("contexts", "input"), ("step_scores", "output")}
     assert parent.info.status == "FINISHED" and all(c.info.status == "FINISHED" for c in children)
+
+
+def test_report_of_the_clean_run_shows_worst_chains_and_quarantine(spark, clean_run):
+    """The nightly report (jobs.receval.report) as the pipeline's report stage built it over the clean run."""
+    from jobs.receval import report
+    from schemas import chain_scores as CS
+
+    settings = _clean_settings(clean_run.input, clean_run.lake, clean_run.lake.parent)
+    summary = clean_run.summary
+    page = summary.report_html
+    assert page is not None and "chains curated in this run" in page
+    lowest = (
+        tables.read(spark, settings.table("chain_scores"))
+        .orderBy(CS.min_col("intra_entail"), CS.CHAIN_ID).first()[CS.CHAIN_ID]
+    )
+    section = page.split("<h3>intra_entail</h3>")[1].split("<h3>")[0]
+    assert section.index(f"<b>{lowest}</b>") >= 0
+    assert section.count('<div class="chain">') == 2  # pipeline.report_worst_n=2
+    assert page.count("data:image/png;base64,") == 5  # one histogram per metric, the night-over-night chart
+    # Written next to the lake as well as to MLflow, the same page.
+    assert Path(summary.report_file).parent == Path(settings.paths.lake) / "_reports"
+    assert Path(summary.report_file).read_text() == page
+    # Quarantine by reason: the sample lake's 4 bad rows, all quarantined by this run.
+    expected = (
+        tables.read(spark, settings.table("quarantine")).groupBy("stage", "reason").count().collect()
+    )
+    quarantine = page.split("<h2>Quarantine by reason</h2>")[1].split("<h2>")[0]
+    assert sum(r["count"] for r in expected) == 4
+    for r in expected:
+        assert (f"<tr><td>{r['stage']}</td><td>{report.esc(r['reason'])}</td><td class=\"num\">{r['count']}</td>"
+                f"<td class=\"num\">{r['count']}</td></tr>") in quarantine

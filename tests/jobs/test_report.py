@@ -114,40 +114,6 @@ def test_render_in_headless_chromium_screenshot(tmp_path: Path):
     assert any(px == (255, 227, 227) for px in rgb.getdata())
 
 
-def test_build_from_pipeline_run_reports_worst_chain(spark, make_settings, tmp_path):
-    from pipeline_fakes import Fakes
-
-    from jobs.infra import tables
-    from jobs.infra.tracking import JobRun
-    from jobs.receval import pipeline
-
-    settings = make_settings("pipeline.batch_chains=100", "pipeline.progress=plain", "pipeline.report_worst_n=2",
-                             "mlflow.enabled=false")
-    summary = pipeline.run(spark, settings, JobRun("pipeline", settings), Fakes().transforms())
-    page = summary.report_html
-    assert page is not None and "chains curated in this run" in page
-    lowest = (
-        tables.read(spark, settings.table("chain_scores"))
-        .orderBy(CS.min_col("intra_entail"), CS.CHAIN_ID).first()[CS.CHAIN_ID]
-    )
-    section = page.split("<h3>intra_entail</h3>")[1].split("<h3>")[0]
-    assert section.index(f"<b>{lowest}</b>") >= 0
-    assert section.count('<div class="chain">') == 2
-    assert page.count("data:image/png;base64,") == 5  # one histogram per metric, the night-over-night chart
-    # Written next to the lake too (MLflow is off here), the same page.
-    assert Path(summary.report_file).parent == Path(settings.paths.lake) / "_reports"
-    assert Path(summary.report_file).read_text() == page
-    # Quarantine by reason: the sample lake's 4 bad rows, all quarantined by this run.
-    expected = (
-        tables.read(spark, settings.table("quarantine")).groupBy("stage", "reason").count().collect()
-    )
-    quarantine = page.split("<h2>Quarantine by reason</h2>")[1].split("<h2>")[0]
-    assert sum(r["count"] for r in expected) == 4
-    for r in expected:
-        assert (f"<tr><td>{r['stage']}</td><td>{report.esc(r['reason'])}</td><td class=\"num\">{r['count']}</td>"
-                f"<td class=\"num\">{r['count']}</td></tr>") in quarantine
-
-
 def test_night_quantiles_per_scoring_date_and_chart(spark):
     import datetime as dt
 
