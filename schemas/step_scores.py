@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pyspark.sql.types import (
+    BooleanType,
     DoubleType,
     IntegerType,
     StringType,
@@ -58,6 +59,10 @@ PVI_MODEL = "pvi_model"
 PVI_NULL_MODEL = "pvi_null_model"
 IG_MODEL = "ig_model"
 SCORED_AT = "scored_at"
+# True: some LM pass of the step's intra_pvi or info_gain (g, g', L(i-1), L(i)) was longer than its model's
+# own position limit and was scored on a cut (source cut from the left; docs/PVI.md), so those scores are not
+# the official ones. False: every pass was scored whole. Null: the PVI transform did not report it.
+PVI_TRUNCATED = "pvi_truncated"
 
 NLI_SCHEMA = StructType(
     [
@@ -98,5 +103,7 @@ SCHEMA = StructType(
         StructField(PVI_NULL_MODEL, StringType(), True),
         StructField(IG_MODEL, StringType(), True),
         StructField(SCORED_AT, TimestampType(), True),
+        # Last: `tables.ensure` appends a nullable contract column to tables made before it.
+        StructField(PVI_TRUNCATED, BooleanType(), True),
     ]
 )

@@ -21,6 +21,13 @@ def test_step_scores_schema_holds_nli_and_pvi_columns():
     assert len(names) == len(set(names))
 
 
+def test_step_scores_flags_truncated_pvi_inputs_in_a_nullable_last_column():
+    # Last and nullable: tables.ensure appends it to step_scores tables made before it (issue #17).
+    field = step_scores.SCHEMA.fields[-1]
+    assert (field.name, field.dataType.simpleString(), field.nullable) == ("pvi_truncated", "boolean", True)
+    assert field.name == step_scores.PVI_TRUNCATED
+
+
 def test_ensure_writes_tables_with_contract_schema(spark, settings):
     for name, schema in {
         "chains": chains.SCHEMA,

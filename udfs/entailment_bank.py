@@ -1,4 +1,4 @@
-"""EntailmentBank rows (task_1/task_2 jsonl) -> proof steps, rendered step texts and `chains` records.
+"""EntailmentBank rows (task_1/task_2 jsonl, task_1 processed TSVs) -> proof steps, rendered step texts and `chains` records.
 
 Plain Python (no Spark), shared by the steps job, the EB-challenge perturbations and the PVI training data.
 
@@ -15,6 +15,7 @@ stay comparable with the paper:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,39 @@ class ProofStep:
 def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
     with Path(path).open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+# The EB paper's processed TSVs (data/processed_data/tsvs/task_1/{train,dev,test}.tsv): one tree per line,
+# "$proof$ ; $question$ = Q ; $answer$ = A ; $hypothesis$ = H ; $context$ = sent1: F1 sent2: F2 ..." TAB
+# "$proof$ = sent1 & sent3 -> int1: <text>; int1 & sent2 -> hypothesis; ". Task_1 train exists only in this form.
+_TSV_FIELD = re.compile(r"\$(\w+)\$ = (.*?)(?= ; \$\w+\$ = |$)")
+_TSV_FACT = re.compile(r"(sent\d+): (.*?)(?= sent\d+: |$)")
+
+
+def tsv_row(line: str, row_id: str = "") -> dict[str, Any]:
+    """One processed-TSV line -> a row shaped like the EB v2 jsonl (question, hypothesis, proof, meta.triples,
+    meta.intermediate_conclusions), so `parse_proof` / `node_texts` / `render` read both alike."""
+    source, tab, target = line.rstrip("\r\n").partition("\t")
+    fields = dict(_TSV_FIELD.findall(source))
+    if not tab or "hypothesis" not in fields or "context" not in fields or not target.startswith("$proof$ ="):
+        raise ValueError(f"not an EntailmentBank processed TSV line: {line[:120]!r}")
+    proof = target[len("$proof$ =") :].strip()
+    triples = {name: text.strip() for name, text in _TSV_FACT.findall(fields["context"])}
+    conclusions: dict[str, str] = {}
+    for part in proof.split(";"):
+        child = part.split("->", 1)[1] if "->" in part else ""
+        if ":" in child:
+            name, text = child.split(":", 1)
+            conclusions[name.strip()] = text.strip()
+    return {"id": row_id, "question": fields.get("question", ""), "answer": fields.get("answer"),
+            HYPOTHESIS: fields["hypothesis"].strip(), "proof": proof,
+            "meta": {"triples": triples, "intermediate_conclusions": conclusions}}
+
+
+def load_tsv(path: str | Path) -> list[dict[str, Any]]:
+    """Every tree of a processed TSV, ids `<file stem>-<line number>`."""
+    with Path(path).open(encoding="utf-8") as f:
+        return [tsv_row(line, f"{Path(path).stem}-{n}") for n, line in enumerate(f, 1) if line.strip()]
 
 
 def parse_proof(proof: str) -> list[ProofStep]:

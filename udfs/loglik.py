@@ -2,7 +2,7 @@
 
 API
 ---
-- ``score(model, tokenizer, family, sources, targets, batch_size, max_length, device, padding_side="right")
+- ``score(model, tokenizer, family, sources, targets, batch_size, max_length=None, device, padding_side="right")
   -> list[TargetScore]``: natural-log probability of each target's tokens given its source.
   * seq2seq (encoder-decoder): source -> encoder (with the tokenizer's special tokens, e.g. T5's ``</s>``),
     target -> decoder labels, tokenised WITHOUT special tokens, so EOS is never scored.
@@ -18,9 +18,14 @@ API
     BPE merges across a step boundary the shared part is just shorter: the numbers equal separate scoring.
     Padding positions are masked (attention mask; causal LMs also get explicit position ids, so left and
     right padding give the same numbers).
-  * Over ``max_length`` tokens the SOURCE is cut from the left (the end of the source, next to the target,
-    is what matters: " Therefore," and "->" sit there); ``TargetScore.truncated`` says so. A target longer
-    than ``max_length - 1`` is cut from the right as well (also flagged).
+  * Sources and targets are scored WHOLE up to the model's own position limit (``position_limit``: the config's
+    ``n_positions`` / ``max_position_embeddings`` / ``n_ctx``, else the tokenizer's ``model_max_length``; T5's
+    relative positions have no config limit, so its tokenizer's value counts, 512 for t5-large; none known: no
+    cut). ``max_length`` is an optional lower cap (never above the model's limit). A causal row counts source +
+    target positions, a seq2seq row the encoder source and the decoder target separately. Only a row over the
+    limit is cut, and then ``TargetScore.truncated`` says so: the SOURCE is cut from the left (the end of the
+    source, next to the target, is what matters: " Therefore," and "->" sit there); a target longer than the
+    limit (causal: limit - 1) is cut from the right as well.
 - ``TargetScore(sum_logprob, n_tokens, mean_logprob, truncated)``; ``mean_logprob`` is NaN when the target
   has no tokens.
 - Low-level pieces for other scorers (e.g. prompt-shared option scoring in CoT evaluation):
@@ -88,10 +93,38 @@ def pad_id(tokenizer: Any) -> int:
     return 0
 
 
+# A tokenizer that knows no limit reports a huge model_max_length (transformers' VERY_LARGE_INTEGER, 1e30).
+_NO_LIMIT = 10**9
+
+
+def position_limit(model: Any, tokenizer: Any = None) -> int | None:
+    """The longest input the model itself takes, in tokens; None when neither config nor tokenizer knows one.
+
+    Absolute position embeddings (GPT-2's n_positions, BERT-style max_position_embeddings) are a hard limit:
+    a longer input fails or reads garbage. T5's relative positions have none, so the tokenizer's
+    model_max_length (the length the checkpoint was trained on; 512 for the t5 family) is taken instead.
+    """
+    config = getattr(model, "config", None)
+    for name in ("n_positions", "max_position_embeddings", "n_ctx", "max_sequence_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    value = getattr(tokenizer, "model_max_length", None)
+    if isinstance(value, int) and 0 < value < _NO_LIMIT:
+        return value
+    return None
+
+
+def effective_limit(max_length: int | None, model: Any, tokenizer: Any = None) -> int | None:
+    """`max_length` (an optional cap) bounded by the model's own limit; None: no cut at all."""
+    limits = [x for x in (max_length, position_limit(model, tokenizer)) if x is not None]
+    return min(limits) if limits else None
+
+
 def encode_pairs(
-    tokenizer: Any, family: Family, sources: Sequence[str], targets: Sequence[str], max_length: int
+    tokenizer: Any, family: Family, sources: Sequence[str], targets: Sequence[str], max_length: int | None
 ) -> list[Encoded]:
-    """Token ids per pair, EOS kept out of the target, sources cut from the left past `max_length`."""
+    """Token ids per pair, EOS kept out of the target, sources cut from the left past `max_length` (None: never)."""
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
     special = family == "seq2seq"
@@ -101,7 +134,9 @@ def encode_pairs(
     for s, t in zip(src, tgt, strict=True):
         s, t = list(s), list(t)
         truncated = False
-        if family == "causal":
+        if max_length is None:
+            pass
+        elif family == "causal":
             if not s:
                 s = [_start_id(tokenizer)]
             if len(t) > max_length - 1:
@@ -404,7 +439,7 @@ def score(
     sources: Sequence[str],
     targets: Sequence[str],
     batch_size: int = 32,
-    max_length: int = 512,
+    max_length: int | None = None,
     device: str = "cpu",
     padding_side: str = "right",
     sort: bool = True,
@@ -412,12 +447,14 @@ def score(
     stats: Stats | None = None,
     max_tokens: int | None = None,
 ) -> list[TargetScore]:
-    """Sum, count and mean natural-log probability of each target given its source, in input order."""
+    """Sum, count and mean natural-log probability of each target given its source, in input order.
+
+    `max_length` None: rows are cut only past the model's own position limit (`effective_limit`)."""
     if family not in ("causal", "seq2seq"):
         raise ValueError(f"family must be causal or seq2seq, got {family!r}")
     if not sources and not targets:
         return []
-    encoded = encode_pairs(tokenizer, family, sources, targets, max_length)
+    encoded = encode_pairs(tokenizer, family, sources, targets, effective_limit(max_length, model, tokenizer))
     groups = share_prefixes(encoded)[0] if share_prefix and family == "causal" else []
     sums = logprob_sums(
         model, family, encoded, pad_id(tokenizer), batch_size, device, padding_side, sort, groups, stats, max_tokens
@@ -443,7 +480,7 @@ class Scorer:
         tokenizer: Any,
         family: Family,
         batch_size: int = 32,
-        max_length: int = 512,
+        max_length: int | None = None,
         device: str = "cpu",
         padding_side: str = "right",
         sort: bool = True,
@@ -483,7 +520,7 @@ def model_scorer_factory(
     dtype: str = "auto",
     revision: str | None = None,
     batch_size: int = 32,
-    max_length: int = 512,
+    max_length: int | None = None,
     torch_threads: int | None = None,
     trust_remote_code: bool = False,
     sort: bool = True,

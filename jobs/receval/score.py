@@ -52,11 +52,14 @@ def _model_id(ref, real: bool) -> str:
     return pvi_scores.model_id(ref)
 
 
-def _scores_with_error(df: DataFrame, columns: list[str], marker: str) -> DataFrame:
-    """Keep the contract columns, an error column (null when the transform has none) and a row marker."""
+def _scores_with_error(df: DataFrame, columns: list[str], marker: str, optional: tuple[str, ...] = ()) -> DataFrame:
+    """Keep the contract columns, an error column (null when the transform has none) and a row marker.
+
+    `optional` columns are null when the transform does not report them (a flag it has no notion of)."""
     error = F.col(ERROR).cast("string") if ERROR in df.columns else F.lit(None).cast("string")
+    extra = [F.col(c) if c in df.columns else F.lit(None).alias(c) for c in optional]
     return df.select(
-        SS.CHAIN_ID, SS.STEP_IDX, *columns, error.alias(f"_{marker}_error"), F.lit(True).alias(f"_{marker}_row")
+        SS.CHAIN_ID, SS.STEP_IDX, *columns, *extra, error.alias(f"_{marker}_error"), F.lit(True).alias(f"_{marker}_row")
     )
 
 
@@ -69,7 +72,8 @@ def score_steps(
 ) -> DataFrame:
     """One row per step: the step_scores columns plus `error` (null when the step scored). Pure."""
     nli_df = _scores_with_error((nli or _nli)(steps, contexts, settings), SS.NLI_SCHEMA.fieldNames()[2:], "nli")
-    pvi_df = _scores_with_error((pvi or _pvi)(steps, contexts, settings), SS.PVI_SCHEMA.fieldNames()[2:], "pvi")
+    pvi_df = _scores_with_error((pvi or _pvi)(steps, contexts, settings), SS.PVI_SCHEMA.fieldNames()[2:], "pvi",
+                                optional=(SS.PVI_TRUNCATED,))
     keys = steps.select(ST.CHAIN_ID, ST.STEP_IDX, ST.CONFIG_HASH, F.to_json(F.struct(*steps.columns)).alias("_raw"))
     joined = keys.join(nli_df, [SS.CHAIN_ID, SS.STEP_IDX], "left").join(pvi_df, [SS.CHAIN_ID, SS.STEP_IDX], "left")
     error = F.coalesce(
@@ -167,5 +171,7 @@ def run(
         quarantined = bad.count()
         if quarantined:
             tables.append_quarantine(spark, settings, bad)
-        counts = {"steps": scored.count(), "written": written, "quarantined": quarantined}
+        # Steps scored on a cut input (over a model's position limit): the night's summary shows how many.
+        truncated = good.where(F.col(SS.PVI_TRUNCATED)).count()
+        counts = {"steps": scored.count(), "written": written, "quarantined": quarantined, "truncated": truncated}
     return counts

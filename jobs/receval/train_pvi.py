@@ -3,10 +3,13 @@
 Three kinds of model (docs/design/RECEVAL.md "Training the PVI models"), trained on exactly the strings the scoring job
 (jobs.receval.pvi_scores) sends:
 - g:         "Generate entailed sentence: " + " & ".join(premises + earlier conclusions) + " ->"  ->  " " + conclusion
+             (no premise text: the official empty join "Generate entailed sentence:  ->", pvi.empty_premises)
 - g_null:    "Generate entailed sentence: None ->"  ->  " " + conclusion
 - info_gain: "Generate final answer:" + " " + " ".join(s(1..k)) + " Therefore,"  ->  " " + answer, k = 0..n
 Recipe (paper): AdamW lr 3e-5, weight decay 0.1, 10 epochs, batch 16, early stopping on dev ROUGE-L
-(rouge-score), label padding -100; every value is in `train_pvi` settings. The best epoch's model is saved to
+(rouge-score), label padding -100; every value is in `train_pvi` settings. Split (defaults): EntailmentBank task_1
+train to train, task_1 dev to early-stop; a train or dev path to EB test trees (the EB-challenge's source) is
+refused before anything is read. The best dev-ROUGE-L epoch's model (not the last) is saved to
 `<train_pvi.output_dir>/<kind>` (point models.pvi_g.path / pvi_null.path / info_gain.path there) and logged to
 the MLflow run as the MLflow model `pvi_<kind>` (pyfunc; registered under `train_pvi.registered_model` when set)
 and as the artifact folder `model`.
@@ -22,7 +25,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +64,7 @@ def _generic_chain(row: Mapping[str, Any]) -> tuple[list[str], list[list[str]], 
     return steps, [[] for _ in steps], steps, row.get("answer")
 
 
-def chain_pairs(row: Mapping[str, Any], kind: str) -> list[tuple[str, str]]:
+def chain_pairs(row: Mapping[str, Any], kind: str, empty_premises: str = "empty_join") -> list[tuple[str, str]]:
     """(source, target) training pairs of one gold chain for a model kind."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -72,7 +75,8 @@ def chain_pairs(row: Mapping[str, Any], kind: str) -> list[tuple[str, str]]:
     else:
         raise ValueError("a gold chain row needs an EntailmentBank 'proof' or a 'steps' list")
     family = "seq2seq"
-    reqs = P.chain_requests(texts, premises, conclusions, answer, family, "all")
+    # The scoring job's own strings (pvi.empty_premises included): g learns exactly the inputs it will score.
+    reqs = P.chain_requests(texts, premises, conclusions, answer, family, "all", empty_premises)
     if kind == "g":
         return [(r.source, r.target) for r in reqs if r.kind == P.G]
     if kind == "g_null":
@@ -83,6 +87,12 @@ def chain_pairs(row: Mapping[str, Any], kind: str) -> list[tuple[str, str]]:
 
 
 def load_rows(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """Gold chains from JSONL (EB v2 trees or step lists) or an EB processed TSV (`.tsv`, task_1 train's form)."""
+    if str(path).endswith(".tsv"):
+        from udfs import entailment_bank as eb
+
+        rows = eb.load_tsv(resolve_path(path))
+        return rows[:limit] if limit is not None else rows
     rows = []
     with resolve_path(path).open(encoding="utf-8") as f:
         for line in f:
@@ -93,9 +103,33 @@ def load_rows(path: str | Path, limit: int | None = None) -> list[dict[str, Any]
     return rows
 
 
-def build_pairs(rows: Iterable[Mapping[str, Any]], kind: str, limit: int | None = None) -> list[tuple[str, str]]:
-    pairs = [p for row in rows for p in chain_pairs(row, kind)]
+def build_pairs(
+    rows: Iterable[Mapping[str, Any]], kind: str, limit: int | None = None, empty_premises: str = "empty_join"
+) -> list[tuple[str, str]]:
+    pairs = [p for row in rows for p in chain_pairs(row, kind, empty_premises)]
     return pairs[:limit] if limit is not None else pairs
+
+
+def is_eb_test(path: str | Path, settings: Settings) -> bool:
+    """True for EntailmentBank test trees: the perturbation job's inputs, or any file named *test* in an
+    entailment_bank folder (EB v2 jsonl, the processed TSVs, the test excerpts under tests/data)."""
+    resolved = resolve_path(path).resolve()
+    perturbed = {resolve_path(p).resolve() for p in (settings.perturb.eb_task1_test, settings.perturb.eb_task2_test)}
+    in_eb = any("entailment_bank" in part for part in resolved.parts)
+    return resolved in perturbed or (in_eb and "test" in resolved.name.lower())
+
+
+def check_split(settings: Settings) -> None:
+    """Refuse to train or early-stop on EB test trees, before anything is read: the EB-challenge is built from
+    them, so a checkpoint chosen on them is chosen on the evaluation data (issue #17)."""
+    cfg = settings.train_pvi
+    for key, path in (("train_path", cfg.train_path), ("dev_path", cfg.dev_path)):
+        if is_eb_test(path, settings):
+            raise ValueError(
+                f"train_pvi.{key}={path} is EntailmentBank test data, which the EB-challenge is built from: train "
+                "on task_1 train and early-stop on task_1 dev (the defaults, "
+                f"{TrainPviSettings().train_path} and {TrainPviSettings().dev_path})"
+            )
 
 
 # --- training (torch) --------------------------------------------------------------------------------------
@@ -141,9 +175,13 @@ def train(
     out_dir: Path,
     device: str = "cpu",
     log_every: float = 30.0,
+    evaluate_fn: Callable[..., tuple[float, float]] | None = None,
 ) -> list[dict[str, float]]:
-    """Fine-tune `cfg.base_model`; the best dev-ROUGE-L epoch is saved to `out_dir`. Returns per-epoch metrics.
-    Progress (optimizer steps done, rate, ETA) is logged at least every `log_every` seconds."""
+    """Fine-tune `cfg.base_model`; the best dev-ROUGE-L epoch is saved to `out_dir`. Returns per-epoch metrics,
+    `kept` = 1.0 on the epoch whose weights are in `out_dir` (the first epoch with the highest dev ROUGE-L, gains
+    below `min_delta` not counting). Progress (optimizer steps done, rate, ETA) is logged at least every
+    `log_every` seconds. `evaluate_fn` (default `evaluate`, same arguments) scores the dev pairs after each epoch."""
+    evaluate_fn = evaluate_fn or evaluate
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -184,12 +222,15 @@ def train(
                 progress.commit(1)
                 total += float(loss.detach()) * len(chunk)
                 seen += len(chunk)
-            dev_loss, rouge_l = evaluate(model, tokenizer, dev_pairs, cfg, device)
+            dev_loss, rouge_l = evaluate_fn(model, tokenizer, dev_pairs, cfg, device)
             history.append({"epoch": epoch, "train_loss": total / max(seen, 1), "dev_loss": dev_loss,
-                            "dev_rouge_l": rouge_l, "optimizer_steps": steps, "epoch_seconds": time.time() - started})
+                            "dev_rouge_l": rouge_l, "optimizer_steps": steps, "epoch_seconds": time.time() - started,
+                            "kept": 0.0})
             log.info(f"[train_pvi] epoch {epoch}: {history[-1]}")
             if rouge_l > best + cfg.min_delta:
                 best, stale = rouge_l, 0
+                for h in history:
+                    h["kept"] = float(h is history[-1])
                 out_dir.mkdir(parents=True, exist_ok=True)
                 model.save_pretrained(out_dir, safe_serialization=True)
                 tokenizer.save_pretrained(out_dir)
@@ -212,16 +253,22 @@ def run(settings: Settings, job=None) -> tuple[Path, list[dict[str, float]]]:
     from udfs.runtime import task_device
 
     cfg = settings.train_pvi
-    train_pairs = build_pairs(load_rows(cfg.train_path), cfg.kind, cfg.max_train_rows)
-    dev_pairs = build_pairs(load_rows(cfg.dev_path), cfg.kind, cfg.max_dev_rows)
+    check_split(settings)
+    empty = settings.pvi.empty_premises
+    train_pairs = build_pairs(load_rows(cfg.train_path), cfg.kind, cfg.max_train_rows, empty)
+    dev_pairs = build_pairs(load_rows(cfg.dev_path), cfg.kind, cfg.max_dev_rows, empty)
     if not train_pairs or not dev_pairs:
         raise ValueError(f"no training ({len(train_pairs)}) or dev ({len(dev_pairs)}) pairs for kind {cfg.kind!r}")
     out = output_dir(settings)
     history = train(train_pairs, dev_pairs, cfg, out, task_device(settings.runtime.device), settings.log.progress_seconds)
-    (out / "train_pvi.json").write_text(json.dumps({"kind": cfg.kind, "history": history,
+    # train_pvi.json beside the weights marks a trained checkpoint of this kind (models.require_trained_pvi).
+    best_epoch = next(int(h["epoch"]) for h in history if h["kept"])
+    (out / "train_pvi.json").write_text(json.dumps({"kind": cfg.kind, "best_epoch": best_epoch, "history": history,
+                                                    "empty_premises": empty,
                                                     "settings": cfg.model_dump(mode="json")}, indent=1))
     if job is not None:
         job.log_metrics({"train_pairs": len(train_pairs), "dev_pairs": len(dev_pairs), "epochs_run": len(history),
+                         "best_epoch": best_epoch,
                          "best_dev_rouge_l": max(h["dev_rouge_l"] for h in history),
                          "final_train_loss": history[-1]["train_loss"]})
         job.set_tags({"pvi_kind": cfg.kind, "model_dir": str(out)})
@@ -241,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> str | None:
     from jobs.infra.tracking import job_run
 
     settings, args = job_args(__doc__.splitlines()[0], argv)
+    check_split(settings)  # before the MLflow run: a refused split leaves nothing behind
     if args.dry_run:
         cfg = settings.train_pvi
         print(f"[dry-run] train_pvi: would train a {cfg.kind} model from {cfg.base_model} on {cfg.train_path} "

@@ -66,7 +66,8 @@ def test_chain_requests_exact_strings():
     )
     got = [(r.step_idx, r.kind, r.source, r.target) for r in reqs]
     assert got == [
-        (0, "g", "Generate entailed sentence: None ->", " cats purr"),
+        # no premise text: the official empty join (two spaces), not g' own "None ->" (issue #17)
+        (0, "g", "Generate entailed sentence:  ->", " cats purr"),
         (0, "null", "Generate entailed sentence: None ->", " cats purr"),
         (0, "ig_prev", " Therefore,", " yes"),
         (0, "ig_cur", " Cats purr. Therefore,", " yes"),
@@ -88,8 +89,27 @@ def test_chain_requests_seq2seq_prefix_and_history():
     assert all("z" not in r.source for r in reqs)
     last_one = P.chain_requests(["A.", "B.", "C."], [[], [], []], ["a", "b", "c"], None, history=1)
     assert [r.source for r in last_one if r.kind == "g"] == [
-        "Generate entailed sentence: None ->", "Generate entailed sentence: a ->", "Generate entailed sentence: b ->"]
+        "Generate entailed sentence:  ->", "Generate entailed sentence: a ->", "Generate entailed sentence: b ->"]
     assert not [r for r in last_one if r.kind.startswith("ig")]
+
+
+def test_g_source_without_premises_is_the_official_empty_join_and_none_is_an_option():
+    # The official code builds g's input as prefix + " & ".join(premises) + " ->", also for an empty list.
+    official = "Generate entailed sentence: " + " & ".join([]) + " ->"
+    assert official == "Generate entailed sentence:  ->"
+    assert P.g_source([]) == official != P.NULL_SOURCE
+    assert P.g_source([], "none") == "Generate entailed sentence: None ->" == P.NULL_SOURCE
+    assert P.g_source(["a", "b"], "none") == P.g_source(["a", "b"]) == "Generate entailed sentence: a & b ->"
+    none = P.chain_requests(["Cats purr."], [[]], ["cats purr"], None, empty_premises="none")
+    assert [r.source for r in none] == [P.NULL_SOURCE, P.NULL_SOURCE]
+
+
+def test_requests_send_the_configured_empty_premise_source(spark, make_settings):
+    # The default (empty_join) reaches the scores in test_transform_hand_computed_scores; here the option does.
+    steps_df, ctx = frames(spark, CHAIN, {"c1": None})
+    reqs = P.requests(steps_df, ctx, make_settings("pvi.empty_premises=none")).where("kind = 'g'").collect()
+    assert sorted(r.source for r in reqs) == [P.NULL_SOURCE, "Generate entailed sentence: it is warm & cats purr ->"]
+    assert make_settings().scoring_hash() != make_settings("pvi.empty_premises=none").scoring_hash()
 
 
 def test_transform_hand_computed_scores(spark, make_settings):
@@ -100,8 +120,8 @@ def test_transform_hand_computed_scores(spark, make_settings):
     assert len(got) == 3
     a, b, c = got[("c1", 0)], got[("c1", 1)], got[("c2", 0)]
     # The fake LM's scores are exact rationals; the job's arithmetic on them is float64.
-    # g: len("Generate entailed sentence: None ->") = 35; g': len(" cats purr") = 10
-    assert (a.pvi_g_logp, a.pvi_null_logp, a.intra_pvi) == exact((-0.35, -1.0, 0.65))
+    # g: len("Generate entailed sentence:  ->") = 31; g': len(" cats purr") = 10
+    assert (a.pvi_g_logp, a.pvi_null_logp, a.intra_pvi) == exact((-0.31, -1.0, 0.69))
     # g: len("Generate entailed sentence: it is warm & cats purr ->") = 53; g': len(" cats are happy") = 15
     assert (b.pvi_g_logp, b.pvi_null_logp, b.intra_pvi) == exact((-0.53, -1.5, 0.97))
     # L(0) = -len(" Therefore,")/10 = -1.1; L(1) = -len(" Cats purr. Therefore,")/10 = -2.2;
@@ -191,12 +211,25 @@ def test_run_writes_step_scores_and_quarantine(spark, make_settings):
     assert again["steps_in"] == 1 and again["steps_scored"] == 0
 
 
-def test_transform_real_tiny_models_match_direct_scores(spark, make_settings, tiny_models):
+@pytest.fixture(scope="module")
+def real_scores(spark, tiny_models, tmp_path_factory) -> dict[tuple[str, int], object]:
+    """One transform with the real tiny models over CHAIN and the long chains below (one Spark run: the model
+    workers start once for both tests that read it)."""
+    from jobs.infra.config import load_settings
+
+    lake = tmp_path_factory.mktemp("pvi-real")
+    settings = load_settings(overrides=[f"paths.lake={lake}", "runtime.device=cpu", "spark.master=local[2]",
+                                        "spark.shuffle_partitions=2"], environ={})
+    assert settings.runtime.max_length == 512  # the NLI cap; it must not cut the LMs' inputs
+    long_steps, answers = long_chain_rows()
+    steps_df, ctx = frames(spark, [*CHAIN, *long_steps], {"c1": "yes", **answers})
+    return {(r.chain_id, r.step_idx): r for r in P.transform(steps_df, ctx, settings).collect()}
+
+
+def test_transform_real_tiny_models_match_direct_scores(real_scores, tiny_models):
     from udfs import runtime
 
-    settings = make_settings("runtime.device=cpu")
-    steps_df, ctx = frames(spark, CHAIN, {"c1": "yes"})
-    rows = {r.step_idx: r for r in P.transform(steps_df, ctx, settings).collect()}
+    rows = {i: r for (c, i), r in real_scores.items() if c == "c1"}
     t5, t5_tok = runtime.load_model(str(tiny_models["tiny-t5"]), "seq2seq")
     gpt, gpt_tok = runtime.load_model(str(tiny_models["tiny-gpt2"]), "causal")
     g = loglik.score(t5, t5_tok, "seq2seq", ["Generate entailed sentence: it is warm & cats purr ->"],
@@ -209,3 +242,157 @@ def test_transform_real_tiny_models_match_direct_scores(spark, make_settings, ti
     l0, l1 = (x.mean_logprob for x in ls)
     assert rows[1].info_gain == loglik_approx(l1 - l0, l1, l0)
     assert rows[1].pvi_g_logp == loglik_approx(g) and rows[1].ig_l == loglik_approx(l1)
+
+
+# --- long chains: every pass scored whole up to the model's own limit, equal to an unbatched reference ----------
+
+EB_DEV = Path(__file__).resolve().parents[1] / "data" / "entailment_bank" / "task_1_dev_head.jsonl"
+# Long chains built from EB dev trees: one step per tree (its steps rendered as the official code does; premises
+# its facts, conclusion its hypothesis), trees repeated. "whole" runs past 512 tiny-GPT-2 tokens at L(n) but fits
+# its 1,024 positions; "over" runs past them from its 4th step on. Few long steps keep the test fast.
+LONG_CHAINS = {"whole": [3, 5, 1], "over": [5, 4, 5, 3, 7]}
+OFFICIAL_REL = 1e-5  # issue #17: step scores equal the official logic within 1e-5 relative
+
+
+def long_chain_rows(h: str = "h") -> tuple[list[tuple], dict[str, str]]:
+    from jobs.receval import train_pvi
+    from udfs import entailment_bank as eb
+
+    trees = eb.load_jsonl(EB_DEV)
+    steps, answers = [], {}
+    for chain, picks in LONG_CHAINS.items():
+        for i, t in enumerate(picks):
+            rendered, premises, _, hypothesis = train_pvi._eb_chain(trees[t])
+            facts = [p for ps in premises for p in ps]
+            # step 1 has no premise text (g reads the official empty join); the last step's premises repeat the
+            # facts three times, so its g source runs past 512 T5 tokens
+            facts = [] if i == 1 else facts * 3 if i == len(picks) - 1 else facts
+            steps.append(step(chain, i, len(picks), " ".join(rendered), facts, hypothesis, h))
+        answers[chain] = train_pvi._eb_chain(trees[picks[-1]])[3]
+    return steps, answers
+
+
+def reference_scores(t5, t5_tok, gpt, gpt_tok, steps: list[tuple], answer: str, limit: int) -> list[dict]:
+    """The official scoring logic, one step at a time, plain transformers calls, no batching, no padding.
+
+    g source: "Generate entailed sentence: " + " & ".join(premises + all earlier conclusions) + " ->";
+    g' source: "Generate entailed sentence: None ->"; L(k): " " + " ".join(s(1..k)) + " Therefore," (L(0): "
+    Therefore,"); targets " " + text; meanlogp = mean natural-log probability of the target tokens, no EOS.
+    A causal row longer than `limit` positions keeps the last `limit - len(target)` source tokens (the documented
+    cut) and is reported as truncated.
+    """
+    import torch
+
+    def seq2seq(source: str, tgt: str) -> float:
+        src = t5_tok(source)["input_ids"]  # with </s>, as T5 encodes its inputs
+        ids = t5_tok(tgt, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logits = t5(input_ids=torch.tensor([src]), labels=torch.tensor([ids])).logits[0]
+        logp = torch.log_softmax(logits.double(), -1)
+        return sum(float(logp[j, t]) for j, t in enumerate(ids)) / len(ids)
+
+    def causal(source: str, tgt: str) -> tuple[float, bool]:
+        src = gpt_tok(source, add_special_tokens=False)["input_ids"]
+        ids = gpt_tok(tgt, add_special_tokens=False)["input_ids"]
+        cut = len(src) + len(ids) > limit
+        if cut:
+            src = src[len(src) - (limit - len(ids)) :]
+        with torch.no_grad():
+            logits = gpt(torch.tensor([src + ids])).logits[0]
+        logp = torch.log_softmax(logits.double(), -1)
+        return sum(float(logp[len(src) - 1 + j, t]) for j, t in enumerate(ids)) / len(ids), cut
+
+    def l_source(k: int) -> str:
+        return (" " + " ".join(s[4] for s in steps[:k]) if k else "") + " Therefore,"
+
+    out = []
+    for i, s in enumerate(steps):
+        premises = [*s[5], *(e[6] for e in steps[:i])]
+        g = seq2seq("Generate entailed sentence: " + " & ".join(premises) + " ->", " " + s[6])
+        null = seq2seq("Generate entailed sentence: None ->", " " + s[6])
+        (prev, cut_prev), (cur, cut_cur) = causal(l_source(i), " " + answer), causal(l_source(i + 1), " " + answer)
+        out.append({"pvi_g_logp": g, "pvi_null_logp": null, "intra_pvi": g - null, "ig_l_prev": prev, "ig_l": cur,
+                    "info_gain": cur - prev, "pvi_truncated": cut_prev or cut_cur})
+    return out
+
+
+def test_long_chains_equal_unbatched_official_reference(real_scores, tiny_models):
+    from udfs import runtime
+
+    t5, t5_tok = runtime.load_model(str(tiny_models["tiny-t5"]), "seq2seq")
+    gpt, gpt_tok = runtime.load_model(str(tiny_models["tiny-gpt2"]), "causal")
+    limit = gpt.config.n_positions
+    assert limit == 1024 and loglik.position_limit(gpt, gpt_tok) == 1024
+    assert loglik.position_limit(t5, t5_tok) is None  # relative positions, tokenizer without a limit: no cut
+    steps, answers = long_chain_rows()
+    got = {key: r for key, r in real_scores.items() if key[0] in LONG_CHAINS}
+    assert len(got) == len(steps) and {r.error for r in got.values()} == {None}
+
+    worst, lengths = 0.0, {}
+    for chain in LONG_CHAINS:
+        mine = [s for s in steps if s[0] == chain]
+        l_tokens = len(gpt_tok(" " + " ".join(s[4] for s in mine) + " Therefore,")["input_ids"])
+        g_tokens = len(t5_tok("Generate entailed sentence: " + " & ".join([*mine[-1][5], *(s[6] for s in mine[:-1])])
+                              + " ->")["input_ids"])
+        lengths[chain] = (l_tokens, g_tokens)
+        for i, want in enumerate(reference_scores(t5, t5_tok, gpt, gpt_tok, mine, answers[chain], limit)):
+            row = got[(chain, i)]
+            assert row.pvi_truncated == want["pvi_truncated"], (chain, i)
+            for col in ("pvi_g_logp", "pvi_null_logp", "ig_l_prev", "ig_l"):
+                assert getattr(row, col) == pytest.approx(want[col], rel=OFFICIAL_REL, abs=0), (chain, i, col)
+            for col, (a, b) in (("intra_pvi", ("pvi_g_logp", "pvi_null_logp")), ("info_gain", ("ig_l", "ig_l_prev"))):
+                # a difference of two float32 log-likelihoods: relative to its terms (tests/tolerance.py)
+                tol = OFFICIAL_REL * (abs(want[a]) + abs(want[b]))
+                assert abs(getattr(row, col) - want[col]) <= tol, (chain, i, col, getattr(row, col), want[col])
+                worst = max(worst, abs(getattr(row, col) - want[col]) / (abs(want[a]) + abs(want[b])))
+    print(f"max |got - reference| / (|a| + |b|) over {len(steps)} steps: {worst:.2e}; tokens (L(n), last g): {lengths}")
+    # The chains are long where it matters: past the old fixed 512 cut, and the last one past GPT-2's 1,024.
+    assert 512 < lengths["whole"][0] <= limit - 8
+    assert lengths["over"][0] > limit and min(g for _, g in lengths.values()) > 512
+    flagged = {(c, i) for (c, i), r in got.items() if r.pvi_truncated}
+    assert flagged and all(c == "over" for c, _ in flagged)
+
+
+# --- the paper profile never scores PVI with untrained models ------------------------------------------------
+
+
+def trained_folder(tiny_models, path: Path, kind: str | None) -> Path:
+    """A T5 folder as train_pvi leaves it (weights + train_pvi.json of `kind`); kind None: a plain model."""
+    import shutil
+
+    shutil.copytree(tiny_models["tiny-t5"], path)
+    if kind is not None:
+        (path / "train_pvi.json").write_text(f'{{"kind": "{kind}", "best_epoch": 1, "history": []}}')
+    return path
+
+
+def test_paper_profile_refuses_missing_or_untrained_pvi_models_before_any_table(spark, make_settings, tmp_path,
+                                                                                tiny_models):
+    from jobs.infra import tables
+    from jobs.receval import pipeline
+    from udfs.runtime import ModelUnavailable
+
+    paper = make_settings("models.profile=paper")
+    assert paper.models.require_trained_pvi
+    assert (paper.models.pvi_g.path, paper.models.pvi_null.path) == ("models/pvi/g", "models/pvi/g_null")
+    assert paper.train_pvi.base_model == "t5-large"  # the command in the message trains the paper's model
+    missing = make_settings("models.profile=paper", f"models.pvi_g.path={tmp_path}/no-g")
+    for check in (lambda: P.run(spark, missing), lambda: pipeline._check_models(missing, None)):
+        with pytest.raises(ModelUnavailable) as err:
+            check()
+        message = str(err.value)
+        assert "models.pvi_g" in message and "never scored with an untrained model" in message
+        assert "python -m jobs.receval.train_pvi --set models.profile=paper --set train_pvi.kind=g" in message
+    for name in ("step_scores", "quarantine", "steps"):
+        assert not tables.exists(spark, missing.table(name))
+
+    # A plain (untrained) T5 folder is refused as well, and a g checkpoint cannot stand in for g'.
+    plain = trained_folder(tiny_models, tmp_path / "plain", None)
+    g = trained_folder(tiny_models, tmp_path / "g", "g")
+    with pytest.raises(ModelUnavailable, match="not a trained PVI checkpoint"):
+        P.check_trained(make_settings("models.profile=paper", f"models.pvi_g.path={plain}"))
+    with pytest.raises(ModelUnavailable, match=r"models\.pvi_null: .* kind 'g', not 'g_null'.*train_pvi.kind=g_null"):
+        P.check_trained(make_settings("models.profile=paper", f"models.pvi_g.path={g}", f"models.pvi_null.path={g}"))
+    null = trained_folder(tiny_models, tmp_path / "g_null", "g_null")
+    P.check_trained(make_settings("models.profile=paper", f"models.pvi_g.path={g}", f"models.pvi_null.path={null}"))
+    P.check_trained(make_settings())  # offline profile: tiny random models are allowed (they prove the plumbing)

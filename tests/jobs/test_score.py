@@ -33,11 +33,12 @@ def _nli(steps, contexts, settings):
 
 
 def _pvi(steps, contexts, settings):
-    # No row at all for the pvi-gap chain: a step the PVI transform lost.
+    # No row at all for the pvi-gap chain: a step the PVI transform lost. Step 1's passes were cut to fit a model.
     return steps.where(F.col(ST.CHAIN_ID) != "pvi-gap").select(
         ST.CHAIN_ID, ST.STEP_IDX, F.lit(-0.5).alias(SS.INTRA_PVI), F.lit(-1.0).alias(SS.PVI_G),
         F.lit(-0.5).alias(SS.PVI_NULL), (F.col(ST.STEP_IDX) * 1.0).alias(SS.INFO_GAIN),
         F.lit(-2.0).alias(SS.IG_L_PREV), (F.col(ST.STEP_IDX) - 2.0).alias(SS.IG_L),
+        (F.col(ST.STEP_IDX) == 1).alias(SS.PVI_TRUNCATED),
     )
 
 
@@ -47,7 +48,7 @@ def test_transform_joins_scores_and_quarantines_whole_chains(spark, settings):
     m = settings.models
     expected = spark.createDataFrame(
         [("ok", i, h, 0.5 + 0.25 * i, "p", 0.9, 0.1, "X.", "context", -0.5, -1.0, -0.5, float(i), -2.0, i - 2.0,
-          m.nli.path, None, m.pvi_g.path, m.pvi_null.path, m.info_gain.path, None) for i in range(2)],
+          m.nli.path, None, m.pvi_g.path, m.pvi_null.path, m.info_gain.path, None, i == 1) for i in range(2)],
         SS.SCHEMA,
     )
     assertDataFrameEqual(good.drop(SS.SCORED_AT), expected.drop(SS.SCORED_AT), **EXACT_FRAME)
@@ -61,15 +62,28 @@ def test_transform_joins_scores_and_quarantines_whole_chains(spark, settings):
     assert {r["stage"] for r in bad.collect()} == {"score"}
 
 
+def test_score_steps_pvi_truncated_is_null_when_the_pvi_transform_does_not_report_it(spark, settings):
+    h = settings.scoring_hash()
+
+    def silent(steps, contexts, s):
+        return _pvi(steps, contexts, s).drop(SS.PVI_TRUNCATED)
+
+    rows = score.score_steps(_steps(spark, h), _contexts(spark, h), settings, nli=_nli, pvi=silent).collect()
+    assert {r[SS.PVI_TRUNCATED] for r in rows} == {None}  # unknown, not "scored whole"
+
+
 def test_run_writes_once_and_reruns_add_nothing(spark, settings):
     from jobs.infra import tables
     h = settings.scoring_hash()
     args = (spark, settings, _steps(spark, h), _contexts(spark, h), "run-1")
     first = score.run(*args, nli=_nli, pvi=_pvi)
-    assert first == {"steps": 5, "written": 2, "quarantined": 3}
+    # "truncated": written steps scored on a cut input (the run summary's count)
+    assert first == {"steps": 5, "written": 2, "quarantined": 3, "truncated": 1}
     version = tables.version(spark, settings.table("step_scores"))
     again = score.run(*args, nli=_nli, pvi=_pvi)
     assert again["written"] == 0
     assert tables.version(spark, settings.table("step_scores")) in (version, version + 1)
     assert tables.read(spark, settings.table("step_scores")).count() == 2
+    flags = tables.read(spark, settings.table("step_scores")).orderBy(SS.STEP_IDX).select(SS.PVI_TRUNCATED).collect()
+    assert [r[0] for r in flags] == [False, True]
     assert tables.read(spark, settings.table("quarantine")).count() == 3

@@ -49,7 +49,7 @@ def test_chain_pairs_eb_tree_all_kinds():
 def test_chain_pairs_generic_step_list():
     row = {"steps": ["She has 3 apples.", "She eats 1, so 2 are left."], "answer": "2"}
     assert T.chain_pairs(row, "g") == [
-        ("Generate entailed sentence: None ->", " She has 3 apples."),
+        ("Generate entailed sentence:  ->", " She has 3 apples."),  # no premise text: the official empty join
         ("Generate entailed sentence: She has 3 apples. ->", " She eats 1, so 2 are left."),
     ]
     assert len(T.chain_pairs(row, "info_gain")) == 3  # L(0..2)
@@ -115,11 +115,100 @@ def test_main_trains_logs_model_and_scoring_loads_it(make_settings, tmp_path, sp
     assert resolve_path(str(out)) == out
 
 
-def test_train_early_stops_when_dev_rouge_stalls(tmp_path, settings):
-    # lr ~ 0: dev ROUGE-L cannot improve after epoch 1, so patience 1 stops after epoch 2 of 5.
-    cfg = settings.train_pvi.model_copy(update={"epochs": 5, "patience": 1, "lr": 1e-12, "batch_size": 4,
-                                                 "eval_max_new_tokens": 4})
+class ScriptedDev:
+    """Dev evaluation whose ROUGE-L per epoch is given (the checkpoint choice must follow it); the dev loss is the
+    model's real loss, and a copy of the weights is kept at every evaluation to compare with what was saved."""
+
+    def __init__(self, rouges: list[float]) -> None:
+        self.rouges, self.weights = rouges, []
+
+    def __call__(self, model, tokenizer, pairs, cfg, device):
+        import torch
+
+        self.weights.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        with torch.inference_mode():
+            loss = float(model(**T._collate(tokenizer, pairs, cfg, device)).loss)
+        return loss, self.rouges[len(self.weights) - 1]
+
+
+def saved_equals(folder: Path, weights: dict) -> bool:
+    import torch
+    from safetensors.torch import load_file
+
+    saved = load_file(str(folder / "model.safetensors"))
+    return all(torch.equal(saved[k], weights[k]) for k in saved)
+
+
+def test_train_keeps_the_best_dev_epoch_not_the_last(tmp_path, settings):
+    # A real learning rate: the weights differ after every epoch, so the saved file tells which epoch was kept.
+    cfg = settings.train_pvi.model_copy(update={"epochs": 4, "patience": 10, "lr": 1e-3, "batch_size": 4})
     pairs = T.build_pairs([EB_ROW], "g")
-    history = T.train(pairs, pairs, cfg, tmp_path / "m")
-    assert [h["epoch"] for h in history] == [1, 2]
-    assert (tmp_path / "m" / "model.safetensors").exists()  # the best (first) epoch was saved
+    dev = ScriptedDev([0.2, 0.6, 0.4, 0.5])  # best: epoch 2
+    history = T.train(pairs, pairs, cfg, tmp_path / "m", evaluate_fn=dev)
+    assert [h["epoch"] for h in history] == [1, 2, 3, 4]
+    assert [h["kept"] for h in history] == [0.0, 1.0, 0.0, 0.0]
+    assert max(range(4), key=lambda e: history[e]["dev_rouge_l"]) == 1
+    assert saved_equals(tmp_path / "m", dev.weights[1])
+    assert not saved_equals(tmp_path / "m", dev.weights[3])  # the last epoch's weights were not kept
+    assert not saved_equals(tmp_path / "m", dev.weights[2])
+
+
+def test_train_early_stops_when_dev_rouge_stalls(tmp_path, settings):
+    # Dev ROUGE-L never beats epoch 1: patience 1 stops after epoch 2 of 5 and epoch 1's weights stay saved.
+    cfg = settings.train_pvi.model_copy(update={"epochs": 5, "patience": 1, "lr": 1e-3, "batch_size": 4})
+    pairs = T.build_pairs([EB_ROW], "g")
+    dev = ScriptedDev([0.5, 0.5, 0.9, 0.9, 0.9])
+    history = T.train(pairs, pairs, cfg, tmp_path / "m", evaluate_fn=dev)
+    assert [(h["epoch"], h["kept"]) for h in history] == [(1, 1.0), (2, 0.0)]
+    assert saved_equals(tmp_path / "m", dev.weights[0]) and not saved_equals(tmp_path / "m", dev.weights[1])
+
+
+# --- the split: train on EB task_1 train, early-stop on dev, never read test ---------------------------------
+
+
+def test_defaults_train_on_eb_task1_train_and_early_stop_on_dev(settings):
+    cfg = settings.train_pvi
+    tsvs = resolve_path("${paths.data}/receval/entailment_bank/data/processed_data/tsvs/task_1")
+    assert resolve_path(cfg.train_path) == tsvs / "train.tsv"
+    assert resolve_path(cfg.dev_path) == tsvs / "dev.tsv"
+    assert not T.is_eb_test(cfg.train_path, settings) and not T.is_eb_test(cfg.dev_path, settings)
+    T.check_split(settings)
+
+
+EB_TEST_PATHS = [
+    "${paths.data}/receval/entailment_bank/data/processed_data/tsvs/task_1/test.tsv",
+    "${paths.data}/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_1/test.jsonl",
+    "${paths.data}/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_2/test.jsonl",
+    str(PROJECT_ROOT / "tests" / "data" / "entailment_bank" / "task_1_test_head.jsonl"),
+]
+
+
+@pytest.mark.parametrize("key", ["train_path", "dev_path"])
+@pytest.mark.parametrize("path", EB_TEST_PATHS)
+def test_run_refuses_eb_test_trees_before_reading_them(make_settings, key, path):
+    settings = make_settings(f"train_pvi.{key}={path}")
+    with pytest.raises(ValueError, match=rf"train_pvi\.{key}=.*EntailmentBank test data"):
+        T.run(settings)  # raises before any file is opened (the test files need not exist here)
+
+
+def test_run_refuses_the_perturbation_input_wherever_it_lives(make_settings, tmp_path):
+    elsewhere = tmp_path / "trees.jsonl"  # no "test" in the name: refused because the EB-challenge reads it
+    settings = make_settings(f"perturb.eb_task1_test={elsewhere}", f"train_pvi.dev_path={elsewhere}")
+    with pytest.raises(ValueError, match="EntailmentBank test data"):
+        T.run(settings)
+
+
+@pytest.mark.dataset("entailment_bank")
+def test_default_split_files_read_as_eb_trees(settings):
+    train = T.load_rows(settings.train_pvi.train_path)
+    dev = T.load_rows(settings.train_pvi.dev_path)
+    assert (len(train), len(dev)) == (1313, 187)  # EB task_1 train / dev trees
+    assert len(T.build_pairs(train, "g")) == sum(r["proof"].count("->") for r in train)
+    # The processed dev TSV gives the same training pairs as EB v2's dev jsonl, tree by tree.
+    jsonl = T.load_rows(settings.train_pvi.dev_path.replace(
+        "processed_data/tsvs/task_1/dev.tsv",
+        "public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_1/dev.jsonl"))
+    by_hypothesis = {r["hypothesis"]: r for r in jsonl}
+    for row in dev:
+        for kind in ("g", "info_gain"):
+            assert T.chain_pairs(row, kind) == T.chain_pairs(by_hypothesis[row["hypothesis"]], kind), row["id"]

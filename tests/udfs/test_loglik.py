@@ -102,6 +102,33 @@ def test_score_truncates_source_from_left_and_counts(gpt2):
     assert got[0].sum_logprob == loglik_approx(want)
 
 
+def test_position_limit_comes_from_the_model_not_a_fixed_512(gpt2, t5):
+    from types import SimpleNamespace as NS
+
+    model, tok = gpt2
+    assert loglik.position_limit(model, tok) == model.config.n_positions == 1024
+    assert loglik.position_limit(NS(config=NS(max_position_embeddings=4096)), NS(model_max_length=512)) == 4096
+    # T5: relative positions, no config limit: the tokenizer's trained length (t5-large: 512); unknown: none
+    assert loglik.position_limit(NS(config=NS()), NS(model_max_length=512)) == 512
+    assert loglik.position_limit(t5[0], t5[1]) is None  # the tiny tokenizer reports transformers' "no limit" 1e30
+    assert loglik.effective_limit(None, model, tok) == 1024
+    assert loglik.effective_limit(64, model, tok) == 64 and loglik.effective_limit(4096, model, tok) == 1024
+    assert loglik.effective_limit(None, *t5) is None
+
+
+def test_score_default_scores_past_512_whole_up_to_the_models_positions(gpt2, t5):
+    model, tok = gpt2
+    source = " the sun is a kind of star" * 80 + " Therefore,"  # 641 source tokens: past 512, within 1,024
+    n = len(tok(source, add_special_tokens=False)["input_ids"])
+    assert 512 < n < 1000
+    got = loglik.score(model, tok, "causal", [source, source * 2], [" 72", " 72"])
+    assert [g.truncated for g in got] == [False, True]  # the second needs 1,283 positions of 1,024
+    assert got[0].sum_logprob == loglik_approx(sum(direct_causal(model, tok, source, " 72")))
+    m5, t5_tok = t5
+    got = loglik.score(m5, t5_tok, "seq2seq", [source], [" 72"])[0]
+    assert not got.truncated and got.sum_logprob == loglik_approx(sum(direct_seq2seq(m5, t5_tok, source, " 72")))
+
+
 def test_score_empty_target_has_no_tokens(gpt2):
     model, tok = gpt2
     got = loglik.score(model, tok, "causal", [" a", " b c"], ["", " d"])
