@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual, assertSchemaEqual
@@ -111,10 +115,36 @@ def _expected(spark):
     )
 
 
-def test_run_tables_counts_pass_rates_and_labels(spark, make_settings):
-    settings = make_settings(*RULES)
+@dataclass(frozen=True)
+class NightOne:
+    lake: Path
+    result: curate.CurationResult
+
+
+@pytest.fixture(scope="module")
+def night_one(spark, tmp_path_factory) -> NightOne:
+    """One curate run (RULES) over the hand-built scores; tests read it, or copy its lake and go on from it."""
+    from jobs.infra.config import load_settings
+
+    tmp = tmp_path_factory.mktemp("curate")
+    settings = load_settings(overrides=[
+        f"paths.lake={tmp / 'lake'}", f"mlflow.tracking_uri=sqlite:///{tmp}/mlruns.db", "spark.master=local[2]",
+        "spark.shuffle_partitions=2", *RULES,
+    ], environ={})
     _setup(spark, settings)
-    result = curate.run(spark, settings, run_id="run-1")
+    return NightOne(tmp / "lake", curate.run(spark, settings, run_id="run-1"))
+
+
+def _after_night_one(night_one: NightOne, lake: Path, make_settings, *overrides: str):
+    """Settings over an independent copy of night one's lake (a Delta table is its folder)."""
+    shutil.copytree(night_one.lake, lake)
+    return make_settings(*overrides)
+
+
+def test_run_tables_counts_pass_rates_and_labels(spark, night_one, make_settings, lake):
+    settings = make_settings(*RULES)
+    shutil.copytree(night_one.lake, lake)
+    result = night_one.result
     curated, rejected = _split(spark, settings)
     exp_curated, exp_rejected = _expected(spark)
     assertDataFrameEqual(curated, exp_curated)
@@ -130,10 +160,8 @@ def test_run_tables_counts_pass_rates_and_labels(spark, make_settings):
     assert all(png.startswith(b"\x89PNG") for png in result.histograms.values())
 
 
-def test_run_twice_adds_nothing(spark, make_settings):
-    settings = make_settings(*RULES)
-    _setup(spark, settings)
-    curate.run(spark, settings, run_id="run-1")
+def test_run_twice_adds_nothing(spark, night_one, make_settings, lake):
+    settings = _after_night_one(night_one, lake, make_settings, *RULES)
     versions = {n: tables.version(spark, settings.table(n)) for n in ("curation", "curated", "rejected")}
     again = curate.run(spark, settings, run_id="run-2")
     assert again.counts["batch"] == 0 and again.counts["curated"] == 0 and again.counts["rejected"] == 0
@@ -164,10 +192,8 @@ def test_run_killed_after_decisions_finishes_from_stored_decisions(spark, make_s
     assert curated.where(F.col(CU.CHAIN_ID) == "c6").count() == 1  # q0.5 of {0.05} is 0.05: passes
 
 
-def test_run_new_rules_curate_again_under_new_rules_hash(spark, make_settings):
-    settings = make_settings(*RULES)
-    _setup(spark, settings)
-    curate.run(spark, settings, run_id="run-1")
+def test_run_new_rules_curate_again_under_new_rules_hash(spark, night_one, make_settings, lake):
+    settings = _after_night_one(night_one, lake, make_settings, *RULES)
     looser = make_settings("curation.thresholds={intra_entail: 0.1}")
     result = curate.run(spark, looser, run_id="run-2")
     assert result.counts["batch"] == 5
@@ -192,11 +218,9 @@ def test_run_quantile_reference_table(spark, make_settings, tmp_path):
     assert [r[0] for r in rejected] == ["c3"]
 
 
-def test_change_feed_of_curated_returns_only_the_new_nights_rows(spark, make_settings):
+def test_change_feed_of_curated_returns_only_the_new_nights_rows(spark, night_one, make_settings, lake):
     """A downstream reader of `curated`/`rejected` takes what a night added from the Delta change data feed."""
-    settings = make_settings(*RULES)
-    _setup(spark, settings)
-    curate.run(spark, settings, run_id="night-1")
+    settings = _after_night_one(night_one, lake, make_settings, *RULES)
     after_night_1 = {n: tables.version(spark, settings.table(n)) for n in ("curated", "rejected")}
     night_2 = {"c6": (0.95, 0.9, True, 3), "c7": (0.1, 0.9, True, 3), "c8": (0.8, 0.95, True, 4)}
     tables.insert_new(spark, _scores(spark, settings.scoring_hash(), night_2), settings.table("chain_scores"),
