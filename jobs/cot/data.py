@@ -22,6 +22,7 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from jobs.infra.config import CotSettings, resolve_path
 from schemas import cot as S
+from udfs import cot_fewshot
 from udfs.cot_text import parse_options
 
 Example = dict[str, Any]
@@ -452,6 +453,58 @@ def _custom_problem(rec: Any) -> str | None:
     if template is not None and not isinstance(template, str):
         return "template must be a string or null"
     return None
+
+
+# ---- few-shot exemplars (cot.fewshot: an option; the paper is zero-shot) ----------------------------------------
+Fewshot = dict[tuple[str, str], tuple[str, str]]  # (dataset, task) -> (prefix, suffix) around the source
+
+
+def load_bbh_fewshot(root: Path, tasks: Iterable[str], shots: int) -> Fewshot:
+    """(prefix, suffix) per BBH task from `bbh/cot-prompts/<task>.txt`; a task without its file is refused by name."""
+    out: Fewshot = {}
+    for task in tasks:
+        path = root / "bbh" / "cot-prompts" / f"{task}.txt"
+        if not path.exists():
+            raise DataError(f"bbh/{task}: cot.fewshot={shots} needs its 3-shot CoT prompt file {path}, not found")
+        try:
+            out[("bbh", task)] = cot_fewshot.bbh_fewshot(path.read_text(encoding="utf-8"), shots, str(path))
+        except cot_fewshot.FewshotError as err:
+            raise DataError(str(err)) from err
+    return out
+
+
+def load_mgsm_fewshot(root: Path, languages: Iterable[str], shots: int, exemplars: str) -> Fewshot:
+    """(prefix, suffix) per MGSM language from `mgsm/mgsm_exemplars.json` (upstream exemplars.py, as JSON)."""
+    path = _need(root / "mgsm" / "mgsm_exemplars.json")
+    table = json.loads(path.read_text(encoding="utf-8"))["MGSM_EXEMPLARS"]
+    out: Fewshot = {}
+    for lang in languages:
+        source = "en" if exemplars == "english" else lang
+        if source not in table:
+            raise DataError(f"mgsm/{lang}: no exemplars for {source!r} in {path}")
+        # exemplars.py numbers them "1".."8": keep that order, not the JSON's.
+        shown = [table[source][k] for k in sorted(table[source], key=int)]
+        try:
+            out[("mgsm", lang)] = cot_fewshot.mgsm_fewshot(shown, shots, f"{path} [{source}]")
+        except cot_fewshot.FewshotError as err:
+            raise DataError(str(err)) from err
+    return out
+
+
+def load_fewshot(cfg: CotSettings) -> Fewshot:
+    """The few-shot (prefix, suffix) of every BBH task and MGSM language the config evaluates; {} when zero-shot.
+
+    P3 and custom examples have no exemplars (lm-eval has no few-shot CoT task for them): they stay zero-shot.
+    """
+    if not cfg.fewshot:
+        return {}
+    root = resolve_path(cfg.data_root)
+    out: Fewshot = {}
+    if "bbh" in cfg.datasets:
+        out |= load_bbh_fewshot(root, cfg.bbh_tasks or BBH_TASKS, cfg.fewshot)
+    if "mgsm" in cfg.datasets:
+        out |= load_mgsm_fewshot(root, cfg.mgsm_languages, cfg.fewshot, cfg.mgsm_exemplars)
+    return out
 
 
 # ---- everything the config asks for ----------------------------------------------------------------------

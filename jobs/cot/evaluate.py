@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
-from jobs.cot.data import Reject, load_examples
+from jobs.cot.data import Reject, load_examples, load_fewshot
 from jobs.infra import tables
 from jobs.infra.config import CotSettings, Settings
 from jobs.infra.progress import Progress, counted
@@ -136,6 +136,21 @@ def _answer_of(indicators: Sequence[str], until: Sequence[str] = ()) -> Callable
     return answer
 
 
+def _fewshot_of(fewshot: Mapping[tuple[str, str], tuple[str, str]]) -> Callable[..., Column]:
+    """(dataset, task, source) -> the few-shot prompt, or null for a (dataset, task) without exemplars."""
+    from udfs.cot_fewshot import fewshot_prompt
+
+    @F.pandas_udf(StringType())
+    def prompt(dataset: pd.Series, task: pd.Series, source: pd.Series) -> pd.Series:
+        out = []
+        for d, t, src in zip(dataset, task, source, strict=True):
+            frame = fewshot.get((d, t))
+            out.append(None if frame is None else fewshot_prompt(frame[0], src or "", frame[1]))
+        return pd.Series(out, dtype=object)
+
+    return prompt
+
+
 def _key() -> Column:
     # Template is null for BBH and MGSM: a plain equi-join on it would drop those rows.
     return F.concat_ws("\x1f", S.DATASET, S.TASK, F.coalesce(F.col(S.TEMPLATE), F.lit("\x00")), S.EXAMPLE_ID)
@@ -201,12 +216,14 @@ def score_classification(df: DataFrame, options_udf: Callable[..., Column], scor
 
 def transform(
     examples: DataFrame, mode: str, cfg: CotSettings, model: str, udfs: CotUdfs, partitions: int,
-    hold: tables.Held | None = None,
+    hold: tables.Held | None = None, fewshot: Mapping[tuple[str, str], tuple[str, str]] | None = None,
 ) -> tuple[DataFrame, DataFrame]:
     """Examples (EXAMPLE_SCHEMA) -> (predictions in PREDICTIONS_SCHEMA, failed rows with `_error`, `_stage`).
 
     Pure: no reads or writes. With `hold`, model outputs are persisted (released by the holder) so no UDF
-    runs twice for a row.
+    runs twice for a row. `fewshot` ((dataset, task) -> (prefix, suffix), `jobs.cot.data.load_fewshot`) puts
+    exemplars around the CoT-mode prompts of the tasks it names; Direct prompts stay zero-shot (the exemplar
+    files are CoT demonstrations).
     """
     keep = hold if hold is not None else (lambda df: df)
     suffix = cfg.direct_suffix if mode == "direct" else cfg.cot_trigger
@@ -215,6 +232,13 @@ def transform(
         base = built.withColumn(S.PROMPT, F.col("_p.prompt")).withColumn("_src_cut", F.col("_p.truncated")).drop("_p")
     else:
         base = examples.withColumn(S.PROMPT, F.concat(F.col(S.SOURCE), F.lit(suffix))).withColumn("_src_cut", F.lit(False))
+    if fewshot and mode == "cot":
+        # lm-eval's layout, not the official round trip: the text goes to the model as written and, when too long,
+        # is cut from the LEFT inside the model UDFs (the oldest exemplar goes first, the question stays; flagged).
+        shot = _fewshot_of(fewshot)(F.col(S.DATASET), F.col(S.TASK), F.col(S.SOURCE))
+        base = base.withColumn("_shot", shot)
+        base = base.withColumn(S.PROMPT, F.coalesce(F.col("_shot"), F.col(S.PROMPT)))
+        base = base.withColumn("_src_cut", F.col("_shot").isNull() & F.col("_src_cut")).drop("_shot")
     base = keep(base.withColumn(KEY, _key()))
     cls = base.where(F.col(S.OPTIONS).isNotNull() & (F.size(S.OPTIONS) > 0))
     gen = base.where(F.col(S.OPTIONS).isNull() | (F.size(S.OPTIONS) == 0))
@@ -434,6 +458,7 @@ def protocol_hash(settings: Settings) -> str:
     keyed = {k: getattr(cfg, k) for k in OFFICIAL_COT}
     keyed |= {"protocol": cfg.protocol, "seed": cfg.seed, "causal_move_space": cfg.causal_move_space,
               "bbh_option_style": cfg.bbh_option_style, "family": ref.family, "revision": ref.revision}  # fmt: skip
+    keyed |= cfg.fewshot_keys()  # empty when zero-shot: fingerprints stored before few-shot existed still match
     return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -506,6 +531,7 @@ def run(
     cfg = settings.cot
     check_available(settings.models.cot.path, "cot")  # fail before any table is touched
     rows, rejects, counts = load_examples(cfg)
+    fewshot = load_fewshot(cfg)  # a missing exemplar file refuses the run here, before any table is written
     if rejects:
         tables.append_quarantine(spark, settings, _reject_rows(spark, rejects, run_id))
     udfs = udfs or build_udfs(settings)
@@ -525,7 +551,7 @@ def run(
                 for chunk in chunks:
                     with tables.Held() as hold:
                         examples = hold(examples_frame(spark, chunk))
-                        pred, failed = transform(examples, mode, cfg, model, udfs, partitions, hold)
+                        pred, failed = transform(examples, mode, cfg, model, udfs, partitions, hold, fewshot)
                         progress.expect(len(chunk))
                         pred = hold(counted(pred.withColumn(S.PROTOCOL_HASH, F.lit(fingerprint))))
                         failed = hold(failed)

@@ -431,6 +431,12 @@ class CotSettings(Section):
     chunk_examples: int = Field(2000, ge=1)
     # Skip examples whose predictions this model and protocol (cot_predictions.protocol_hash) already have.
     resume: bool = True
+    # Few-shot CoT, a departure (the paper and the official code are zero-shot): exemplars in front of each CoT-mode
+    # BBH and MGSM prompt, for parity with lm-evaluation-harness (bbh_cot_fewshot, mgsm_native_cot). 0: zero-shot.
+    # BBH's cot-prompts hold 3 exemplars per task, MGSM's exemplars.py 8 per language (udfs/cot_fewshot.py).
+    fewshot: int = Field(0, ge=0, le=8)
+    # MGSM exemplars: in the example's language (lm-eval mgsm_native_cot) or the English ones for every language.
+    mgsm_exemplars: Literal["native", "english"] = "native"
 
     @model_validator(mode="before")
     @classmethod
@@ -440,10 +446,24 @@ class CotSettings(Section):
             return {**LENIENT_COT, **data}
         return data
 
+    @model_validator(mode="after")
+    def _fewshot_fits(self) -> CotSettings:
+        # Refused here rather than capped: a "5-shot" BBH run that silently showed 3 exemplars would be mislabelled.
+        if self.fewshot > BBH_COT_SHOTS and "bbh" in self.datasets:
+            raise ValueError(f"cot.fewshot={self.fewshot}: BBH's cot-prompts hold {BBH_COT_SHOTS} exemplars per task")
+        return self
+
     def departures(self) -> dict[str, tuple[Any, Any]]:
         """{key: (value here, official value)} for every protocol key that differs from the official code."""
         values = self.model_dump()
-        return {k: (values[k], v) for k, v in OFFICIAL_COT.items() if values[k] != v}
+        out = {k: (values[k], v) for k, v in OFFICIAL_COT.items() if values[k] != v}
+        if self.fewshot:  # kept out of OFFICIAL_COT so zero-shot fingerprints stay those already stored
+            out |= {"fewshot": (self.fewshot, 0), "mgsm_exemplars": (self.mgsm_exemplars, None)}
+        return out
+
+    def fewshot_keys(self) -> dict[str, Any]:
+        """The few-shot keys for the protocol fingerprint: none when zero-shot (the fingerprint stays as before)."""
+        return {"fewshot": self.fewshot, "mgsm_exemplars": self.mgsm_exemplars} if self.fewshot else {}
 
 
 # The official code's value of every protocol key (kaistAI/CoT-Collection, CoT_Finetuning/src/evaluation.py,
@@ -472,6 +492,7 @@ OFFICIAL_COT: dict[str, Any] = {
     "dtype": "fp32",
     "max_length": 512,
 }
+BBH_COT_SHOTS = 3  # exemplars per task in BBH's cot-prompts files
 # protocol=lenient: for models not trained with "[ANSWER]" (e.g. Flan-T5 zero-shot), the old defaults here.
 LENIENT_COT: dict[str, Any] = {
     "indicators": ["[ANSWER]", "So the answer is", "The answer is"],

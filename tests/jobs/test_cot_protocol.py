@@ -252,3 +252,37 @@ def test_killed_run_resumes_where_it_stopped(spark, make_settings):
     again = cot_eval.run(spark, greedy, "third", _marked_udfs(-3.0))
     assert (again["direct_resumed"], again["direct_predictions"]) == (0, 5)
     assert spark.read.format("delta").load(table).count() == 10
+
+
+# ---- few-shot (cot.fewshot): an option beside the zero-shot protocol ---------------------------------------------
+FEWSHOT = {("t", "cls"): ("Pick the right one.\n\nQ: Is A right?\nA: Let's think step by step. No. So the answer is "
+                          "(B).\n\nQ: ", "\nA: Let's think step by step.\n")}  # fmt: skip
+
+
+def test_fewshot_cot_prompts_carry_the_exemplars_and_the_rest_stay_zero_shot(spark):
+    examples = cot_eval.examples_frame(spark, EXAMPLES)
+    udfs, cfg = _fake_udfs(), CotSettings(fewshot=1)
+    runs = [cot_eval.transform(examples, mode, cfg, "fake", udfs, 1, fewshot=FEWSHOT)[0] for mode in ("direct", "cot")]
+    got = {(r[S.MODE], r[S.EXAMPLE_ID]): r.asDict() for r in runs[0].unionByName(runs[1]).collect()}
+    assert len(got) == 6
+    c1 = got[("cot", "c1")]
+    assert c1[S.PROMPT] == (
+        "Pick the right one.\n\nQ: Is A right?\nA: Let's think step by step. No. So the answer is (B).\n\n"
+        "Q: Which is right?\nA: Let's think step by step.\n"
+    )
+    assert c1[S.TRUNCATED] is False and (c1[S.PREDICTION], c1[S.CORRECT]) == ("(B)", True)
+    # A task without exemplars keeps its zero-shot CoT prompt; Direct prompts are never few-shot.
+    assert got[("cot", "g1")][S.PROMPT] == "What is half of 36?\n\nLet's think step by step.\n"
+    assert got[("direct", "c1")][S.PROMPT] == "Which is right?\n[ANSWER] "
+
+
+def test_protocol_hash_tells_few_shot_from_zero_shot_and_keeps_the_zero_shot_one():
+    def fingerprint(*overrides: str) -> str:
+        return cot_eval.protocol_hash(load_settings(overrides=list(overrides), environ={}))
+
+    zero = fingerprint()
+    # Zero-shot ignores mgsm_exemplars, so fingerprints stored before few-shot existed still resume.
+    assert fingerprint("cot.mgsm_exemplars=english") == zero
+    three, english = fingerprint("cot.fewshot=3"), fingerprint("cot.fewshot=3", "cot.mgsm_exemplars=english")
+    assert len({zero, three, english, fingerprint("cot.fewshot=1")}) == 4
+    assert "fewshot=3 (official 0)" in cot_eval.protocol_line(CotSettings(fewshot=3))
