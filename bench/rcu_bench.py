@@ -91,9 +91,11 @@ def _gsm8k_records() -> list[dict[str, Any]]:
 def throughput(
     settings: Settings, sets: dict[str, list[dict[str, Any]]], repeats: int = 3, baseline: Settings | None = None
 ) -> list[tuple]:
-    """Per set: (name, chains, steps, job s, nlp.pipe 1 process s, nlp.pipe 2 processes s, baseline job s | None).
+    """Per set: (name, chains, steps, job s, nlp.pipe 1 process s, nlp.pipe 2 processes s, baseline job s | None,
+    job core in one process s, baseline core in one process s | None).
 
-    `baseline`: the job under other settings (the extraction before issue #15), timed in the same rounds.
+    `baseline`: the job under other settings (the extraction before issue #15), timed in the same rounds, in Spark
+    and as the job's core alone (`explode_records` in this process: parse + extraction, no Spark noise).
     """
     from jobs.infra.config import SparkSettings
     from jobs.infra.session import build_session
@@ -118,7 +120,8 @@ def throughput(
                 texts += [t for t, _, _, units in plan if units is None] + ctx
             # Alternated and repeated, best time of each kept: on a shared machine the load moves between the
             # runs, and the fastest run is the one least slowed by others.
-            t_job = t_raw1 = t_raw2 = t_base = float("inf")
+            t_job = t_raw1 = t_raw2 = t_base = t_core = t_core_base = float("inf")
+            base_opts = J.Options.from_settings(baseline) if baseline is not None else None
             for _ in range(repeats):
                 start = time.perf_counter()
                 for _ in nlp.pipe(texts, batch_size=opts.batch_size):
@@ -134,12 +137,25 @@ def throughput(
                     n_base, elapsed = steps_bench.spark_rate(spark, baseline, records)
                     assert n_base == n_job, (n_base, n_job)
                     t_base = min(t_base, elapsed)
-            results.append((name, len(records), n_job, t_job, t_raw1, t_raw2, t_base if baseline else None))
+                for o in [opts] + ([base_opts] if base_opts else []):
+                    start = time.perf_counter()
+                    for k in range(0, len(records), 1000):  # Arrow-batch-sized calls, as the UDF makes them
+                        J.explode_records(records[k : k + 1000], o)
+                    if o is opts:
+                        t_core = min(t_core, time.perf_counter() - start)
+                    else:
+                        t_core_base = min(t_core_base, time.perf_counter() - start)
+            results.append(
+                (name, len(records), n_job, t_job, t_raw1, t_raw2, t_base if baseline else None, t_core,
+                 t_core_base if baseline else None)
+            )
             print(
                 f"{name}: {n_job} steps; job local[2] {n_job / t_job:.1f} steps/s; nlp.pipe 1 process "
                 f"{n_job / t_raw1:.1f}, 2 processes {n_job / t_raw2:.1f}; job / raw(1 process) "
                 f"{t_raw1 / t_job:.2f}x, job / raw(2 processes) {t_raw2 / t_job:.2f}x"
                 + (f"; baseline job {n_job / t_base:.1f} steps/s, job / baseline {t_base / t_job:.2f}x" if baseline else "")
+                + f"; core in one process {n_job / t_core:.1f} steps/s"
+                + (f", baseline core {n_job / t_core_base:.1f}, core / baseline {t_core_base / t_core:.2f}x" if baseline else "")
             )
     finally:
         spark.stop()
@@ -234,17 +250,22 @@ def record(
             f"{repeats} times, alternated, best kept.",
             "",
             "| chains | n | steps | job local[2] steps/s | nlp.pipe 1 process | nlp.pipe 2 processes | job / 1 process "
-            "| job / 2 processes | baseline job steps/s | job / baseline |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| job / 2 processes | baseline job steps/s | job / baseline | core 1 process steps/s | baseline core "
+            "| core / baseline core |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for name, n, steps, t_job, t1, t2, t_base in speed:
+        for name, n, steps, t_job, t1, t2, t_base, t_core, t_core_base in speed:
             base = f"{steps / t_base:.1f} | {t_base / t_job:.2f}x" if t_base else "- | -"
+            core_base = f"{steps / t_core_base:.1f} | {t_core_base / t_core:.2f}x" if t_core_base else "- | -"
             lines.append(
                 f"| {name} | {n} | {steps} | {steps / t_job:.1f} | {steps / t1:.1f} | {steps / t2:.1f} "
-                f"| {t1 / t_job:.2f}x | {t2 / t_job:.2f}x | {base} |"
+                f"| {t1 / t_job:.2f}x | {t2 / t_job:.2f}x | {base} | {steps / t_core:.1f} | {core_base} |"
             )
         if baseline:
-            lines.append(f"\nBaseline: the same job with `{' '.join(baseline)}`, timed in the same rounds.")
+            lines.append(
+                f"\nBaseline: the same job with `{' '.join(baseline)}`, timed in the same rounds; core: "
+                "`explode_records` (parse + extraction, what each Spark worker runs) in this one process."
+            )
     path = ROOT / "bench" / "RESULTS.md"
     with path.open("a") as f:
         f.write("\n".join(lines) + "\n")
