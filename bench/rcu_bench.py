@@ -169,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sets", nargs="*", default=["eb_dev", "eb_test", "natural"])
     parser.add_argument("--throughput", action="store_true")
     parser.add_argument("--repeats", type=int, default=3, help="throughput: runs of each, best kept")
+    parser.add_argument("--speed-sets", nargs="*", default=["eb_test", "gsm8k"], help="throughput: chains to time")
     parser.add_argument(
         "--baseline", action="append", default=None, metavar="KEY=VALUE",
         help="throughput: also time the job under these overrides in the same rounds (e.g. steps.extractor=spacy)",
@@ -199,7 +200,10 @@ def main(argv: list[str] | None = None) -> None:
         baseline = (
             load_settings(overrides=["mlflow.enabled=false", *args.set, *args.baseline], environ={}) if args.baseline else None
         )
-        speed = throughput(settings, {"EB task_1 test": eb_test, "GSM-8K": _gsm8k_records()}, args.repeats, baseline)
+        chains = {"EB task_1 test": eb_test} if "eb_test" in args.speed_sets else {}
+        if "gsm8k" in args.speed_sets:
+            chains["GSM-8K"] = _gsm8k_records()
+        speed = throughput(settings, chains, args.repeats, baseline)
     if not args.no_record:
         record(summaries, speed, settings, args.set, agreement_s, args.repeats, args.baseline or [])
 
@@ -219,6 +223,8 @@ def record(
     cmd = " ".join(["bench/rcu_bench.py", *(f"--set {o}" for o in overrides), *(["--throughput"] if speed else [])])
     cmd += f" --repeats {repeats}" if speed and repeats != 3 else ""
     cmd += "".join(f" --baseline {b}" for b in baseline) if speed else ""
+    names = {"EB task_1 test": "eb_test", "GSM-8K": "gsm8k"}
+    cmd += f" --speed-sets {' '.join(names[n] for n, *_ in speed)}" if speed and len(speed) == 1 else ""
     lines = [
         "",
         f"## RCU agreement with gold units (extractor `{st.extractor}`, roles `{st.roles}`)",
