@@ -214,9 +214,10 @@ tr.avg td{font-weight:600;border-top:2px solid #999}.muted{color:#777;font-size:
 def html_report(tables: Sequence[PaperTable], heading: str, note: str, chart: bytes | None) -> str:
     import base64
 
-    from jinja2 import Environment
+    from jinja2.sandbox import SandboxedEnvironment
 
-    env = Environment(autoescape=True)  # task names and labels come from data and config
+    # Task names and labels come from data and config: escaped, and the template runs sandboxed.
+    env = SandboxedEnvironment(autoescape=True)
     return env.from_string(_HTML).render(
         tables=tables, heading=heading, note=note, average=AVERAGE,
         chart=base64.b64encode(chart).decode() if chart else None,
