@@ -611,12 +611,12 @@ def _check_models(settings: Settings, transforms: Transforms | None) -> None:
     """Fail before any table is touched when a configured model is missing (clear message, no partial run)."""
     if transforms is not None:
         return
-    from jobs.receval.pvi_scores import check_trained
+    from jobs.receval import pvi_scores
     from udfs.runtime import check_available
 
-    check_trained(settings)  # the paper profile never scores PVI with an untrained g / g'
-    for role in ("nli", "pvi_g", "pvi_null", "info_gain"):
-        check_available(getattr(settings.models, role).path, role)
+    # The PVI job's own check first: an untrained g / g' under the paper profile is named before anything else.
+    pvi_scores.check_models(settings)
+    check_available(settings.models.nli.path, "nli")
 
 
 if __name__ == "__main__":
