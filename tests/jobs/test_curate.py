@@ -12,6 +12,7 @@ from pyspark.testing import assertDataFrameEqual, assertSchemaEqual
 from tolerance import exact
 
 from jobs.infra import tables
+from jobs.infra.config import Settings
 from jobs.receval import curate
 from schemas import chain_scores as CS
 from schemas import chains as C
@@ -117,8 +118,12 @@ def _expected(spark):
 
 @dataclass(frozen=True)
 class NightOne:
-    lake: Path
+    settings: Settings
     result: curate.CurationResult
+
+    @property
+    def lake(self) -> Path:
+        return Path(self.settings.paths.lake)
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +137,7 @@ def night_one(spark, tmp_path_factory) -> NightOne:
         "spark.shuffle_partitions=2", *RULES,
     ], environ={})
     _setup(spark, settings)
-    return NightOne(tmp / "lake", curate.run(spark, settings, run_id="run-1"))
+    return NightOne(settings, curate.run(spark, settings, run_id="run-1"))
 
 
 def _after_night_one(night_one: NightOne, lake: Path, make_settings, *overrides: str):
@@ -141,11 +146,9 @@ def _after_night_one(night_one: NightOne, lake: Path, make_settings, *overrides:
     return make_settings(*overrides)
 
 
-def test_run_tables_counts_pass_rates_and_labels(spark, night_one, make_settings, lake):
-    settings = make_settings(*RULES)
-    shutil.copytree(night_one.lake, lake)
+def test_run_tables_counts_pass_rates_and_labels(spark, night_one):
     result = night_one.result
-    curated, rejected = _split(spark, settings)
+    curated, rejected = _split(spark, night_one.settings)
     exp_curated, exp_rejected = _expected(spark)
     assertDataFrameEqual(curated, exp_curated)
     assertDataFrameEqual(rejected, exp_rejected)
