@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from jobs.infra import tables
-from jobs.infra.config import PROJECT_ROOT
+from jobs.infra.config import PROJECT_ROOT, Settings
 from jobs.infra.tracking import JobRun
 from jobs.receval import pipeline
 
@@ -81,6 +81,7 @@ class CleanRun:
     summary: pipeline.Summary
     fakes: Fakes
     output: str
+    settings: Settings  # of the lake as the copies' reruns see it (five stages)
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +98,7 @@ def clean_run(spark, tmp_path_factory) -> CleanRun:
     # Jobs log to the standard error as it is at each record (jobs.infra.logs).
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         summary = pipeline.main(argv, transforms=fakes.transforms())
-    assert settings.table("chains") == str(root / "lake" / "chains")
-    return CleanRun(root / "input", root / "lake", summary, fakes, out.getvalue())
+    return CleanRun(root / "input", root / "lake", summary, fakes, out.getvalue(), settings)
 
 
 def _clean_overrides(lake_input: Path, lake: Path, tmp: Path) -> list[tuple[str, str]]:
@@ -136,7 +136,7 @@ def test_run_scores_every_valid_chain_once(spark, clean_run):
     assert len(fakes.seen_steps) == 24 and len(set(fakes.seen_steps)) == 24
     assert len(fakes.seen_nli) == 24 and len(set(fakes.seen_nli)) == 24
     assert fakes.nli_calls == 2  # ceil(24 / 12) batches
-    settings = _clean_settings(clean_run.input, clean_run.lake, clean_run.lake.parent)
+    settings = clean_run.settings
     n_steps = tables.read(spark, settings.table("steps")).count()
     assert tables.read(spark, settings.table("step_scores")).count() == n_steps
     hashes = {r[0] for r in tables.read(spark, settings.table("chain_scores")).select("config_hash").distinct().collect()}
@@ -153,7 +153,7 @@ def test_run_logs_progress_per_batch(clean_run):
 
 
 def test_print_summary_tables_and_locations(clean_run, capsys):
-    settings = _clean_settings(clean_run.input, clean_run.lake, clean_run.lake.parent)
+    settings = clean_run.settings
     pipeline.print_summary(clean_run.summary, settings)
     out = capsys.readouterr().out
     assert "Nightly pipeline summary" in out and "chain_scores" in out
@@ -292,7 +292,7 @@ def test_run_failed_chains_recorded_once_and_not_retried(spark, make_settings, t
 def test_main_logs_parent_run_with_stage_children(spark, clean_run):
     from mlflow.tracking import MlflowClient
 
-    settings = _clean_settings(clean_run.input, clean_run.lake, clean_run.lake.parent)
+    settings = clean_run.settings
     client = MlflowClient(settings.mlflow.tracking_uri)
     parent = client.get_run(clean_run.summary.mlflow_run_id)
     assert parent.data.tags["version_after.chain_scores"] == str(tables.version(spark, settings.table("chain_scores")))
@@ -323,7 +323,7 @@ def test_report_of_the_clean_run_shows_worst_chains_and_quarantine(spark, clean_
     from jobs.receval import report
     from schemas import chain_scores as CS
 
-    settings = _clean_settings(clean_run.input, clean_run.lake, clean_run.lake.parent)
+    settings = clean_run.settings
     summary = clean_run.summary
     page = summary.report_html
     assert page is not None and "chains curated in this run" in page
