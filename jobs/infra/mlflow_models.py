@@ -43,6 +43,36 @@ class GenerativeLM(mlflow.pyfunc.PythonModel):
         return self.tokenizer.batch_decode(out, skip_special_tokens=True)
 
 
+class NliClassifier(mlflow.pyfunc.PythonModel):
+    """predict(a frame with `premise` and `hypothesis` columns) -> a frame of entailment / neutral / contradiction
+    probabilities, read from the model's label2id by name as the scoring job reads them (udfs.nli)."""
+
+    def load_context(self, context: Any) -> None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        folder = context.artifacts["model"]
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.model = AutoModelForSequenceClassification.from_pretrained(folder, use_safetensors=True).eval()
+
+    def predict(self, context, model_input, params=None):  # untyped: MLflow reads hints as a schema
+        import pandas as pd
+
+        from udfs.nli import CONTRADICTION, ENTAIL, NEUTRAL, predict_pairs
+
+        out = predict_pairs(self.model, self.tokenizer, list(model_input["premise"]), list(model_input["hypothesis"]),
+                            batch_size=32, max_length=512)
+        return pd.DataFrame(out.probs, columns=[ENTAIL, NEUTRAL, CONTRADICTION])
+
+
+def _python_model(folder: str) -> mlflow.pyfunc.PythonModel:
+    """The pyfunc wrapper for a saved folder: a sequence classifier (NLI) or a generative LM."""
+    import json
+    from pathlib import Path
+
+    architectures = json.loads((Path(folder) / "config.json").read_text()).get("architectures") or []
+    return NliClassifier() if any(a.endswith("ForSequenceClassification") for a in architectures) else GenerativeLM()
+
+
 def log_folder(uri: str, run_id: str, folder: str, name: str, registered_name: str | None) -> None:
     """Log `folder` as the pyfunc model `name` of the run (and register it under `registered_name`)."""
     # Model.log is what mlflow.pyfunc.log_model calls, and it takes the run: no fluent active run is started
@@ -63,7 +93,7 @@ def _log(uri: str, run_id: str, folder: str, name: str, registered_name: str | N
 
     with _use_tracking_uri(uri):
         Model.log(
-            artifact_path=None, flavor=mlflow.pyfunc, name=name, python_model=GenerativeLM(),
+            artifact_path=None, flavor=mlflow.pyfunc, name=name, python_model=_python_model(folder),
             artifacts={"model": folder}, run_id=run_id, model_config={"max_new_tokens": 64},
             registered_model_name=registered_name,
             # Given, so MLflow does not load the model in a subprocess to infer them.
