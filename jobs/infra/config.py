@@ -239,6 +239,7 @@ class NliSourceSettings(Section):
     path: str
     # conf/datasets.yaml name: a missing file's message says how to fetch it; the model card names its licence.
     dataset: str | None = None
+    licence: str | None = None  # this file's own licence where the dataset's covers several files
     # auto: by extension (.tsv / .txt tab-separated with a header, .csv, .jsonl).
     format: Literal["auto", "tsv", "csv", "jsonl"] = "auto"
     premise: str = "premise"
@@ -266,7 +267,7 @@ class NliSourceSettings(Section):
 def _anli(round_: int) -> dict[str, Any]:
     return {"path": f"${{paths.data}}/cot/p3_heldout/anli/ANLI_analysis_r{round_}_dev.csv", "dataset": "p3_heldout",
             "premise": "context", "hypothesis": "statement", "label": "gold_label",
-            "labels": {"e": "entailment", "n": "neutral", "c": "contradiction"}}
+            "labels": {"e": "entailment", "n": "neutral", "c": "contradiction"}, "licence": "CC BY-NC 4.0"}
 
 
 # Every source train_nli knows; `train_nli.use` picks the ones trained on. ANLI, RTE and CB dev are also CoT
@@ -281,8 +282,9 @@ NLI_SOURCES: dict[str, dict[str, Any]] = {
     "anli_r3": _anli(3),
     # RTE is 2-way: not_entailment covers neutral and contradiction; read as neutral (the weaker claim).
     "rte": {"path": "${paths.data}/cot/p3_heldout/rte/val.jsonl", "dataset": "p3_heldout",
-            "labels": {"entailment": "entailment", "not_entailment": "neutral"}},
-    "cb": {"path": "${paths.data}/cot/p3_heldout/cb/val.jsonl", "dataset": "p3_heldout"},
+            "licence": "MIT (jiant copy)", "labels": {"entailment": "entailment", "not_entailment": "neutral"}},
+    "cb": {"path": "${paths.data}/cot/p3_heldout/cb/val.jsonl", "dataset": "p3_heldout",
+           "licence": "Apache-2.0 (EEP copy)"},
 }
 
 

@@ -434,7 +434,7 @@ def model_card(settings: Settings, train_pairs: Pairs, held: dict[str, Pairs], r
         src = cfg.sources[name]
         ds = catalogue.get(src.dataset) if src.dataset else None
         lines.append(f"| {name} | `{Path(src.path).name}` | {src.dataset or '-'} | "
-                     f"{ds.licence if ds is not None else '-'} | {len(held.get(name, []))} pairs |")
+                     f"{src.licence or (ds.licence if ds is not None else '-')} | {len(held.get(name, []))} pairs |")
     lines += ["", f"{len(train_pairs)} training pairs: " + ", ".join(
         f"{NLI_LABELS[k] if k != NO_LABEL else 'unlabelled'} {v}" for k, v in sorted(counts.items())) + "."]
     cot_sets = [n for n in cfg.use if cfg.sources[n].dataset == "p3_heldout"]

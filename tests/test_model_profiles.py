@@ -1,0 +1,62 @@
+"""The `small` model profile and the choice `make run` makes: small once `make models` built it, else offline with
+a plain warning in the summary; a profile chosen anywhere by the user always wins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobs.infra.config import load_settings, random_models_note, small_built, with_built_models
+
+
+def build_small(root: Path) -> Path:
+    folder = root / "models" / "nli-small"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "train_nli.json").write_text("{}")
+    return root
+
+
+def test_small_profile_uses_the_trained_nli_model_and_offline_for_the_rest():
+    small = load_settings(overrides=["models.profile=small"], environ={})
+    offline = load_settings(environ={})
+    assert small.models.nli.path == "models/nli-small" and small.models.nli.family == "nli"
+    assert small.models.model_dump(exclude={"profile", "nli"}) == offline.models.model_dump(exclude={"profile", "nli"})
+    assert small.scoring_hash() != offline.scoring_hash()  # scores of the two profiles never mix in the lake
+
+
+def test_with_built_models_adds_small_only_when_built_and_nobody_chose(tmp_path):
+    assert with_built_models(["--set", "pipeline.batch_chains=4"], {}, tmp_path) == ["--set", "pipeline.batch_chains=4"]
+    # a folder without train_nli.json is an interrupted run, not a model
+    (tmp_path / "models" / "nli-small").mkdir(parents=True)
+    (tmp_path / "models" / "nli-small" / "config.json").write_text("{}")
+    assert not small_built(tmp_path) and with_built_models([], {}, tmp_path) == []
+    root = tmp_path / "built"
+    build_small(root)
+    assert small_built(root)
+    assert with_built_models(["--dry-run"], {}, root) == ["--dry-run", "--set", "models.profile=small"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ"),
+    [
+        (["--set", "models.profile=offline"], {}),
+        (["--set=models.profile=paper"], {}),
+        ([], {"RECEVAL__MODELS__PROFILE": "offline"}),
+        (["--config", "CONFIG"], {}),
+    ],
+)
+def test_with_built_models_leaves_a_chosen_profile_alone(tmp_path, argv, environ):
+    root = build_small(tmp_path)
+    config = tmp_path / "mine.yaml"
+    config.write_text("models:\n  profile: offline\n")
+    argv = [str(config) if a == "CONFIG" else a for a in argv]
+    assert with_built_models(argv, environ, root) == argv
+
+
+def test_random_models_note_only_for_the_tiny_random_nli():
+    note = random_models_note(load_settings(environ={}))
+    assert note is not None and "RANDOM" in note and "make models" in note
+    assert random_models_note(load_settings(overrides=["models.profile=small"], environ={})) is None
+    assert random_models_note(load_settings(overrides=["models.nli.path=/models/deberta"], environ={})) is None
