@@ -10,6 +10,7 @@ PYTEST_WORKERS ?= 2
 XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: setup data run test test-slow test-manual test-full test-all lint bench clean
+.PHONY: models
 
 # Java first: Spark cannot start without 17+, so a missing or old one fails before pip downloads anything.
 .PHONY: check-java
@@ -38,6 +39,13 @@ setup: $(STAMP)
 # The public datasets (conf/datasets.yaml) from their pinned upstreams, or FROM=DIR a local mirror; each verified.
 data: setup
 	$(PYTHON) -m jobs.infra.data fetch --all $(if $(FROM),--from $(FROM))
+
+# The `small` model profile's real NLI model (models/nli-small): the pip MiniLM-L6 fine-tuned on SICK train+trial
+# and ANLI dev r1-r3 (python -m jobs.receval.train_nli, its defaults), about 80 min on 2 cores (README). `make run`
+# uses it once built. Needs the sick and p3_heldout datasets (`make data`).
+models: setup
+	$(PYTHON) -m jobs.infra.data fetch sick p3_heldout $(if $(FROM),--from $(FROM))
+	$(PYTHON) -m jobs.receval.train_nli $(ARGS)
 
 # The main job on the bundled sample lake, embedded Spark, offline model profile.
 run: setup
