@@ -22,6 +22,17 @@ LABELLED = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models gain nothing from a second thread, and on a busy 2-core machine its spin-waits cost seconds."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def write_tsv(path: Path, rows: list[tuple[str, ...]], header: tuple[str, ...] = ("s1", "s2", "gold", "part")) -> Path:
     path.write_text("\t".join(header) + "\n" + "".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
     return path
