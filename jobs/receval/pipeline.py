@@ -155,16 +155,21 @@ class ChainStage:
     process: Callable[[Context, DataFrame], dict[str, int]]
     # Rows the executors count (jobs.infra.progress.counted) for a batch of chain ids; None: one per chain.
     rows: Callable[[Context, DataFrame], int] | None = None
+    # The count `process` returns of marker rows it inserted, where the marker has one row per chain: when it
+    # equals the batch's chains, none is missing and looking for unscored chains (three Spark jobs) is skipped.
+    marked: str | None = None
 
 
 CHAIN_STAGES = [
-    ChainStage("steps", "chains", "contexts", ("chains",), ("steps", "contexts", "quarantine"), _steps_stage),
+    ChainStage("steps", "chains", "contexts", ("chains",), ("steps", "contexts", "quarantine"), _steps_stage,
+               marked="contexts"),
     ChainStage(
         "scores", "contexts", "step_scores", ("steps", "contexts"), ("step_scores", "quarantine"), _scores_stage,
         # Scoring counts finished steps: a batch's share done is its steps scored over its steps.
         lambda ctx, ids: ctx.hashed("steps", ST.SCHEMA).join(ids, ST.CHAIN_ID, "left_semi").count(),
     ),
-    ChainStage("aggregate", "step_scores", "chain_scores", ("step_scores",), ("chain_scores",), _aggregate_stage),
+    ChainStage("aggregate", "step_scores", "chain_scores", ("step_scores",), ("chain_scores",), _aggregate_stage,
+               marked="chain_scores"),
 ]
 
 
@@ -322,7 +327,8 @@ def _run_chain_stage(ctx: Context, stage: ChainStage, report: StageReport, track
                 ids = pending.where(F.col("_batch") == b).select(C.CHAIN_ID)
                 progress.expect(n, stage.rows(ctx, ids) if stage.rows is not None else n)
                 counts = stage.process(ctx, ids)
-                counts["unscored"] = _record_unscored(ctx, stage, ids)
+                complete = stage.marked is not None and counts.get(stage.marked) == n
+                counts["unscored"] = 0 if complete else _record_unscored(ctx, stage, ids)
                 for key, value in counts.items():
                     report.counts[key] = report.counts.get(key, 0) + value
                 progress.commit(n)
