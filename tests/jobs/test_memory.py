@@ -43,11 +43,22 @@ def _storage_used(spark) -> int:
     return used
 
 
+def released(spark, before: tuple[int, bool, int], name: str) -> None:
+    """Nothing persisted or cached, and storage memory no higher than before the job.
+
+    Not equal: what an earlier test in the session left in storage (a broadcast whose handle it still held)
+    may be cleaned while the job runs, so the job can end below where it started, never above.
+    """
+    rdds, cached, used = held(spark)
+    assert (rdds, cached) == (0, False), f"{name}: {rdds} persisted RDDs, cache manager holds a plan: {cached}"
+    assert used <= before[2], f"{name}: storage memory {used} bytes after, {before[2]} before"
+
+
 def twice(spark, job: Callable[[], object], name: str) -> None:
     before = held(spark)
     job()
     job()
-    assert held(spark) == (0, False, before[2]), name
+    released(spark, before, name)
 
 
 def _overrides(tmp_path: Path, *extra: str) -> list[str]:
@@ -84,7 +95,7 @@ def night(spark, tmp_path_factory) -> list[str]:
     night_two = (tmp_path / "input" / "gsm8k_sample.jsonl").read_text().replace('"chain_id": "', '"chain_id": "n2-')
     before = held(spark)
     run()
-    assert held(spark) == (0, False, before[2]), "pipeline (night one)"
+    released(spark, before, "pipeline (night one)")
     (tmp_path / "input" / "night2.jsonl").write_text(night_two)
     twice(spark, run, "pipeline (night two: 24 new chains)")
     return overrides
