@@ -259,13 +259,15 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> C
         n_curated = tables.insert_new(spark, curated, settings.table("curated"), CU.CURATED_SCHEMA, CU.KEYS)
         n_rejected = tables.insert_new(spark, rejected, settings.table("rejected"), CU.REJECTED_SCHEMA, CU.KEYS)
         this_run = stored.where(F.col(CU.RUN_ID) == F.lit(run_id)) if run_id else decisions
+        # Both in one Spark job.
+        passed, failed = this_run.agg(F.count(F.when(F.col(PASSED), 1)), F.count(F.when(~F.col(PASSED), 1))).first()
         counts = {
             "batch": n_batch,
             "decided": n_new,
             "curated": n_curated,
             "rejected": n_rejected,
-            "run_passed": this_run.where(F.col(PASSED)).count(),
-            "run_failed": this_run.where(~F.col(PASSED)).count(),
+            "run_passed": int(passed),
+            "run_failed": int(failed),
         }
         counts["reconciled"] = int(n_batch == counts["run_passed"] + counts["run_failed"] or run_id is None)
         pass_rates = rule_pass_rates(this_run, rule_list) if n_batch else {}
