@@ -18,6 +18,7 @@ JOB_TABLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "aggregate": (("step_scores",), ("chain_scores",)),
     "curate": (("chain_scores", "chains"), ("curation", "curated", "rejected")),
     "select_chains": (("chains", "chain_scores"), ()),
+    "sample_chains": ((), ("quarantine",)),  # also writes JSONL chains for ingest (sample.output)
     "human_labels": ((), ("chains",)),
     "perturb": ((), ("chains",)),
     "baselines": (("chains",), ("baseline_scores",)),
