@@ -425,7 +425,7 @@ def model_card(settings: Settings, train_pairs: Pairs, held: dict[str, Pairs], r
     lines = [
         f"# NLI cross-encoder `{output_dir(settings).name}`", "",
         f"3-way NLI (label2id {LABEL2ID}) fine-tuned from `{cfg.base_model}` by `python -m jobs.receval.train_nli` "
-        f"in {seconds / 60:.1f} min ({len(history) and history[-1]['step']} optimizer steps, {cfg.epochs:g} epochs, "
+        f"in {seconds / 60:.1f} min ({planned_steps(len(train_pairs), cfg)} optimizer steps, {cfg.epochs:g} epochs, "
         f"batch {cfg.batch_size}, lr {cfg.lr:g}, max_length {cfg.max_length}, seed {cfg.seed}).", "",
         "## Data", "",
         "| source | file | dataset | licence | held out |", "|---|---|---|---|---|",
@@ -472,7 +472,8 @@ def run(settings: Settings, job: Any = None) -> tuple[Path, dict[str, Any]]:
     results = evaluate(out, held, cfg, device, teacher)
     seconds = time.time() - started
     summary = {"base_model": cfg.base_model, "train_pairs": len(train_pairs), "seconds": round(seconds, 1),
-               "optimizer_steps": history[-1]["step"] if history else planned_steps(len(train_pairs), cfg),
+               # the Trainer's own count (steps per epoch = batches, times epochs, rounded up; or max_steps)
+               "optimizer_steps": planned_steps(len(train_pairs), cfg),
                "heldout": results, "history": history, "settings": cfg.model_dump(mode="json")}
     (out / "train_nli.json").write_text(json.dumps(summary, indent=1))
     (out / "README.md").write_text(model_card(settings, train_pairs, held, results, history, seconds))
