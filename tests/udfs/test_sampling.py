@@ -1,0 +1,67 @@
+"""udfs.sampling: seeded k samples + a separate greedy decode per question, answers parsed from chains."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from udfs import sampling as S
+
+PROMPTS = [
+    "Q: Janet has 3 apples and buys 4 more. How many apples does she have?\nA: Let's think step by step.\n",
+    "Q: A robe takes 2 bolts of blue fiber and half that much white fiber.\nA: Let's think step by step.\n",
+]
+NAMES = {"causal": "tiny-gpt2", "seq2seq": "tiny-t5"}
+
+
+def _load(tiny_models, family: str):
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+    cls = AutoModelForCausalLM if family == "causal" else AutoModelForSeq2SeqLM
+    path = tiny_models[NAMES[family]]
+    return cls.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def test_final_answer_hand_derived():
+    ind = ["answer is", "A:"]
+    assert S.final_answer("3 + 4 = 7. So the answer is 7.", ind) == "7"
+    assert S.final_answer("She has $1,000. The answer is $1,200.50 dollars", ind) == "1200.5"
+    assert S.final_answer("2 + 2 = 4 and 4 * 3 = 12", ind) == "12"  # no indicator: the text's last number
+    assert S.final_answer("The answer is 5 then A: 6", ind) == "6"  # the LAST indicator wins
+    assert S.final_answer("the answer is yes", ind) == "yes"  # no number: the text after it
+    assert S.final_answer("", ind) is None and S.final_answer(None, ind) is None
+    assert S.gold_answer("IGNORE. 16 - 3 = 13\nA: 18", "A:") == "18"
+    assert S.gold_answer("no marker", "A:") is None
+    assert S.prompt_for("Q: {question}\nA:", "  How many?\n") == "Q: How many?\nA:"
+
+
+@pytest.mark.parametrize("family", ["causal", "seq2seq"])
+def test_draw_seeded_and_greedy_is_plain_generate(tiny_models, family):
+    torch.set_num_threads(1)
+    model, tok = _load(tiny_models, family)
+    args = dict(k=3, temperature=1.0, top_p=1.0, max_new_tokens=12)
+    first = S.draw(model, tok, family, PROMPTS, seed=7, **args)
+    again = S.draw(model, tok, family, list(reversed(PROMPTS)), seed=7, **args)[::-1]
+    other = S.draw(model, tok, family, PROMPTS, seed=8, **args)
+    texts = [[g.text for g in d.samples] for d in first]
+    # Same seed: the same chains, whatever the order (and company) the questions come in.
+    assert texts == [[g.text for g in d.samples] for d in again]
+    assert texts != [[g.text for g in d.samples] for d in other]
+    assert all(len(set(t)) > 1 for t in texts)  # k distinct draws, not one draw copied
+    for prompt, drawn in zip(PROMPTS, first, strict=True):
+        # Independent greedy decode: transformers' own generate on the unpadded prompt.
+        ids = tok(prompt, return_tensors="pt", add_special_tokens=(family == "seq2seq"))["input_ids"]
+        out = model.generate(input_ids=ids, do_sample=False, max_new_tokens=12, pad_token_id=tok.eos_token_id)
+        new = out[0, ids.shape[1]:] if family == "causal" else out[0, 1:]
+        assert drawn.greedy.text == tok.decode(new, skip_special_tokens=True)
+
+
+def test_rows_of_keeps_greedy_apart():
+    from udfs.generate import Generation
+
+    drawn = S.Drawn([Generation("so the answer is 7", 5, False), Generation("12", 1, False)],
+                    Generation("A: 8", 2, True))
+    rows = S.rows_of(drawn, ["answer is", "A:"])
+    assert [(r["sample_idx"], r["greedy"], r["answer"]) for r in rows] == [(0, False, "7"), (1, False, "12"),
+                                                                         (None, True, "8")]
+    assert rows[-1]["truncated"] is True and rows[0]["n_tokens"] == 5

@@ -1,0 +1,125 @@
+"""k sampled chains + one greedy decode per question (chain selection, ReCEval paper §6); answers parsed from them.
+
+Plain torch/transformers on top of `udfs.generate`; the Spark UDF is at the end.
+- The k samples of a question are one batch of k copies of its prompt, seeded from (seed, prompt) by
+  `generate`: no padding, and the draw does not depend on which other questions share a Spark batch, so the
+  same settings give the same chains on any partitioning.
+- The greedy decode (do_sample=False) is separate and never one of the k candidates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from udfs.cot_text import extract_answer, parse_number
+from udfs.generate import Generation, generate
+
+
+@dataclass(frozen=True)
+class Drawn:
+    samples: list[Generation]  # k sampled chains, in sample order
+    greedy: Generation
+
+
+def prompt_for(template: str, question: str) -> str:
+    return template.replace("{question}", question.strip())
+
+
+def final_answer(text: str | None, indicators: Sequence[str]) -> str | None:
+    """The last number after the last indicator (else in the whole text), written plainly ("18.0" -> "18");
+    the text after the indicator when it holds no number; None when that is empty."""
+    if text is None:
+        return None
+    tail = extract_answer(text, indicators)
+    value = parse_number(tail)
+    if value is None:
+        return tail or None
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def gold_answer(solution: str | None, marker: str) -> str | None:
+    """GSM-8K's gold answer: the text after the solution's last `marker` ("... A: 18" -> "18")."""
+    if not solution or marker not in solution:
+        return None
+    return solution.rsplit(marker, 1)[1].strip() or None
+
+
+def draw(model: Any, tokenizer: Any, family: str, prompts: Sequence[str], k: int, temperature: float,
+         top_p: float, seed: int, max_new_tokens: int, max_length: int = 512, greedy_batch_size: int = 1,
+         device: str = "cpu") -> list[Drawn]:
+    """For each prompt: k seeded samples (one batch of k copies) and its greedy decode."""
+    common = dict(max_new_tokens=max_new_tokens, max_length=max_length, device=device)
+    greedy = generate(model, tokenizer, family, prompts, do_sample=False, batch_size=greedy_batch_size, **common)
+    out = []
+    for prompt, best in zip(prompts, greedy, strict=True):
+        samples = generate(model, tokenizer, family, [prompt] * k, do_sample=True, temperature=temperature,
+                           top_p=top_p, seed=seed, batch_size=k, **common)  # fmt: skip
+        out.append(Drawn(samples, best))
+    return out
+
+
+# --- Spark -------------------------------------------------------------------------------------------------
+
+CHAIN_FIELDS = "sample_idx int, greedy boolean, text string, answer string, n_tokens int, truncated boolean"
+UDF_FIELDS = f"chains array<struct<{CHAIN_FIELDS}>>, error string"
+DrawFn = Callable[[Sequence[str]], list[Drawn]]
+
+
+def rows_of(drawn: Drawn, indicators: Sequence[str]) -> list[dict[str, Any]]:
+    """The question's chains as rows: samples 0..k-1, then the greedy decode (sample_idx null, greedy true)."""
+    def row(idx: int | None, g: Generation) -> dict[str, Any]:
+        return {"sample_idx": idx, "greedy": idx is None, "text": g.text, "answer": final_answer(g.text, indicators),
+                "n_tokens": g.n_tokens, "truncated": g.truncated}  # fmt: skip
+
+    return [row(i, g) for i, g in enumerate(drawn.samples)] + [row(None, drawn.greedy)]
+
+
+def draw_frame(fn: DrawFn, prompts: Sequence[str], indicators: Sequence[str], on_error: str) -> pd.DataFrame:
+    try:
+        out = [{"chains": rows_of(d, indicators), "error": None} for d in fn(prompts)]
+    except Exception:
+        if on_error == "fail":
+            raise
+        out = []
+        for p in prompts:  # one prompt at a time: only the failing question goes to quarantine
+            try:
+                out += [{"chains": rows_of(d, indicators), "error": None} for d in fn([p])]
+            except Exception as err:
+                out.append({"chains": None, "error": f"{type(err).__name__}: {err}"[:2000]})
+    return pd.DataFrame(out, columns=["chains", "error"])
+
+
+def model_draw_factory(path: str, family: str, device: str = "auto", dtype: str = "auto", revision: str | None = None,
+                       torch_threads: int | None = None, **options: Any) -> Callable[[], DrawFn]:
+    """Picklable factory: on the executor the model loads once per worker (udfs.runtime); `options` go to `draw`."""
+
+    def factory() -> DrawFn:
+        from udfs import runtime
+
+        model, tok, dev = runtime.task_model(path, family, device, dtype, revision, torch_threads)
+
+        def run(prompts: Sequence[str]) -> list[Drawn]:
+            return draw(model, tok, family, prompts, device=dev, **options)
+
+        return run
+
+    return factory
+
+
+def draw_udf(factory: Callable[[], DrawFn], indicators: Sequence[str], on_error: str = "fail"):
+    """Iterator pandas UDF prompt -> struct(chains, error); build once and reuse."""
+    from pyspark.sql.functions import pandas_udf
+
+    wanted = list(indicators)
+
+    @pandas_udf(UDF_FIELDS)
+    def drawn(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
+        fn = factory()
+        for prompts in batches:
+            yield draw_frame(fn, prompts.fillna("").tolist(), wanted, on_error)
+
+    return drawn
