@@ -41,7 +41,7 @@ data: setup
 	$(PYTHON) -m jobs.infra.data fetch --all $(if $(FROM),--from $(FROM))
 
 # The `small` model profile's real NLI model (models/nli-small): the pip MiniLM-L6 fine-tuned on SICK train+trial
-# and ANLI dev r1-r3 (python -m jobs.receval.train_nli, its defaults), about 80 min on 2 cores (README). `make run`
+# and ANLI dev r1-r3 (python -m jobs.receval.train_nli, its defaults), about 75 min on 2 cores (README). `make run`
 # uses it once built. Needs the sick and p3_heldout datasets (`make data`).
 models: setup
 	$(PYTHON) -m jobs.infra.data fetch sick p3_heldout $(if $(FROM),--from $(FROM))
