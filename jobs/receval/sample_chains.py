@@ -1,0 +1,187 @@
+"""GSM-8K questions -> k sampled chains + one greedy decode per question (JSONL for ingest), bad rows -> `quarantine`.
+
+Chain selection as in the ReCEval paper (§6: Flan-T5-XXL, 20 samples at temperature 0.7 on GSM-8K). A seeded
+choice of `sample.questions` questions from `sample.questions_path` (ROSCOE's GSM-8K test inputs); each gets
+the zero-shot CoT prompt `sample.prompt` ("Q: {question}\\nA: Let's think step by step.\\n", Kojima et al.
+2022: the paper's prompt is not published and the project has no GSM-8K few-shot exemplars of its own), k
+samples (`sample.k`, temperature, top_p, seed) and one greedy decode (do_sample=False) by `sample.model`
+(causal or seq2seq). Each chain row: chain_id, dataset, question_id, context (the question), chain, answer (last
+number after the last answer indicator), gold_answer, metadata {sample_idx, greedy, temperature, top_p, seed,
+model, n_tokens, truncated}. The greedy row has greedy=true and no sample_idx: select_chains takes it as the
+baseline and never as a candidate. Same settings, same chains (udfs/sampling.py).
+
+Quarantined (stage sample_chains): question rows without text or gold answer, questions whose generation
+failed, and empty chains (nothing to score). Counts reconcile: questions read = chosen + bad (+ not chosen);
+chains = chosen x (k + 1) = written + empty + those of failed questions.
+
+    python -m jobs.receval.sample_chains --set sample.questions=20 --set sample.k=5
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import shutil
+import time
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from jobs.infra import tables
+from jobs.infra.config import SampleSettings, Settings, resolve_path
+from jobs.infra.tracking import job
+from schemas import chains as C
+from udfs import sampling
+
+log = logging.getLogger(__spec__.name)
+
+STAGE = "sample_chains"
+QUESTION_FIELDS = f"{C.QUESTION_ID} string, {C.CONTEXT} string, {C.GOLD_ANSWER} string, prompt string"
+
+
+def output_folder(settings: Settings) -> str:
+    cfg = settings.sample
+    return str(resolve_path(cfg.output) if cfg.output else resolve_path(settings.paths.lake) / "_samples" / cfg.dataset)
+
+
+def read_questions(cfg: SampleSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(questions, rejects): every line of the questions file, as {question_id, context, gold_answer, prompt} or
+    as a reject {reason, detail, raw}."""
+    path = resolve_path(cfg.questions_path)
+    if not path.exists():
+        raise FileNotFoundError(f"sample.questions_path: {path} is missing; fetch it with "
+                                "`python -m jobs.infra.data fetch roscoe_gsm8k` (or make data)")  # fmt: skip
+    good, bad = [], []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                bad.append({"reason": "not_json", "detail": f"line {n + 1}: {err}", "raw": line})
+                continue
+            question = row.get(cfg.question_field) if isinstance(row, dict) else None
+            gold = sampling.gold_answer(row.get(cfg.gold_field), cfg.gold_marker) if isinstance(row, dict) else None
+            if not isinstance(question, str) or not question.strip():
+                bad.append({"reason": "missing_question", "detail": f"line {n + 1}: no {cfg.question_field!r}",
+                            "raw": line})  # fmt: skip
+            elif gold is None:
+                bad.append({"reason": "missing_gold", "detail": f"line {n + 1}: no {cfg.gold_marker!r} in "
+                            f"{cfg.gold_field!r}", "raw": line})  # fmt: skip
+            else:
+                key = str(row.get(cfg.key_field) or f"line_{n}")
+                good.append({C.QUESTION_ID: key, C.CONTEXT: question.strip(), C.GOLD_ANSWER: gold,
+                             "prompt": sampling.prompt_for(cfg.prompt, question)})  # fmt: skip
+    return good, bad
+
+
+def choose(questions: list[dict[str, Any]], cfg: SampleSettings) -> list[dict[str, Any]]:
+    """A seeded choice of `cfg.questions` questions, in file order (all when None or more than there are)."""
+    if cfg.questions is None or cfg.questions >= len(questions):
+        return list(questions)
+    picked = sorted(random.Random(cfg.seed).sample(range(len(questions)), cfg.questions))
+    return [questions[i] for i in picked]
+
+
+def transform(questions: DataFrame, settings: Settings, draw: Any = None,
+              hold: tables.Held | None = None) -> tuple[DataFrame, DataFrame]:
+    """Question rows -> (chain rows in the ingest input shape, failed rows with _reason/_detail/_chain_id).
+
+    `draw`: the UDF prompt -> struct(chains, error); None builds the configured model's (tests pass fakes).
+    With `hold`, the generations are persisted: both outputs read them, and the model must run once."""
+    cfg, rt = settings.sample, settings.runtime
+    if draw is None:
+        factory = sampling.model_draw_factory(
+            cfg.model.path, cfg.model.family, rt.device, rt.dtype, cfg.model.revision, rt.torch_threads,
+            k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
+            max_length=cfg.max_length, greedy_batch_size=cfg.greedy_batch_size,
+        )  # fmt: skip
+        draw = sampling.draw_udf(factory, cfg.answer_indicators, rt.on_row_error)
+    drawn = questions.withColumn("_d", draw(F.col("prompt")))
+    drawn = hold(drawn) if hold is not None else drawn
+    failed_q = drawn.where(F.col("_d.error").isNotNull()).select(
+        C.QUESTION_ID, F.lit("generation_error").alias("_reason"), F.col("_d.error").alias("_detail"),
+        F.col(C.QUESTION_ID).alias("_chain_id"), F.col("prompt"))  # fmt: skip
+    chains = drawn.where(F.col("_d.error").isNull()).select(
+        C.QUESTION_ID, C.CONTEXT, C.GOLD_ANSWER, F.explode("_d.chains").alias("c"))
+    suffix = F.when(F.col("c.greedy"), F.lit("greedy")).otherwise(F.concat(F.lit("s"), F.col("c.sample_idx")))
+    meta = {
+        "sample_idx": F.col("c.sample_idx").cast("string"),
+        "greedy": F.when(F.col("c.greedy"), "true").otherwise("false"),
+        "temperature": F.lit(json.dumps(cfg.temperature)), "top_p": F.lit(json.dumps(cfg.top_p)),
+        "seed": F.lit(str(cfg.seed)), "model": F.lit(cfg.model.path), "n_tokens": F.col("c.n_tokens").cast("string"),
+        "truncated": F.when(F.col("c.truncated"), "true").otherwise("false"),
+    }  # fmt: skip
+    # map_from_arrays drops nothing; a null sample_idx (the greedy row) is filtered out of the map below.
+    keys = F.array(*[F.lit(k) for k in meta])
+    values = F.array(*meta.values())
+    metadata = F.map_filter(F.map_from_arrays(keys, values), lambda k, v: v.isNotNull())
+    rows = chains.select(
+        F.concat_ws("-", F.col(C.QUESTION_ID), suffix).alias(C.CHAIN_ID),
+        F.lit(cfg.dataset).alias(C.DATASET), C.QUESTION_ID, C.CONTEXT,
+        F.col("c.text").alias("chain"), F.col("c.answer").alias(C.ANSWER), C.GOLD_ANSWER,
+        metadata.alias(C.METADATA),
+    )  # fmt: skip
+    empty = F.trim(F.coalesce(F.col("chain"), F.lit(""))) == ""
+    failed_c = rows.where(empty).select(
+        C.QUESTION_ID, F.lit("empty_chain").alias("_reason"), F.lit("the model generated no text").alias("_detail"),
+        F.col(C.CHAIN_ID).alias("_chain_id"), F.to_json(F.struct(*rows.columns)).alias("prompt"))  # fmt: skip
+    return rows.where(~empty), failed_q.unionByName(failed_c)
+
+
+def run(spark: SparkSession, settings: Settings, run_id: str | None = None, draw: Any = None) -> dict[str, Any]:
+    cfg = settings.sample
+    started = time.time()
+    good, bad = read_questions(cfg)
+    chosen = choose(good, cfg)
+    out = output_folder(settings)
+    with tables.Held() as hold:
+        # One partition per runtime.batch_size questions (at most one per core): each partition's Python worker
+        # imports torch and loads the model, which costs more than a handful of questions' generation.
+        parts = max(1, min(math.ceil(len(chosen) / settings.runtime.batch_size), spark.sparkContext.defaultParallelism))
+        questions = spark.createDataFrame(chosen, QUESTION_FIELDS).repartition(parts)
+        rows, failed = transform(questions, settings, draw, hold)
+        shutil.rmtree(out, ignore_errors=True)  # a rerun replaces the whole sample, never mixes two
+        rows.orderBy(C.QUESTION_ID, C.CHAIN_ID).coalesce(1).write.mode("overwrite").json(out)
+        written = rows.count()
+        reasons = {r["_reason"]: r["n"] for r in failed.groupBy("_reason").agg(F.count(F.lit(1)).alias("n")).collect()}
+        quarantine = tables.quarantine_rows(failed, STAGE, F.col("_reason"), F.col("_detail"),
+                                            chain_id=F.col("_chain_id"), raw=F.col("prompt"),
+                                            source=F.lit(str(resolve_path(cfg.questions_path))), run_id=run_id)
+        if bad:
+            rejects = spark.createDataFrame(bad, "reason string, detail string, raw string")
+            quarantine = quarantine.unionByName(tables.quarantine_rows(
+                rejects, STAGE, F.col("reason"), F.col("detail"), raw=F.col("raw"),
+                source=F.lit(str(resolve_path(cfg.questions_path))), run_id=run_id))  # fmt: skip
+        if reasons or bad:
+            tables.append_quarantine(spark, settings, quarantine)
+    failed_questions = reasons.get("generation_error", 0)
+    empty = reasons.get("empty_chain", 0)
+    expected = len(chosen) * (cfg.k + 1)
+    counts = {
+        "questions_read": len(good) + len(bad), "questions_bad": len(bad), "questions_chosen": len(chosen),
+        "questions_failed": failed_questions, "chains_written": written, "chains_empty": empty,
+        "reconciled": int(expected == written + empty + failed_questions * (cfg.k + 1)),
+        "seconds": round(time.time() - started, 1), "output": out,
+    }  # fmt: skip
+    if not counts["reconciled"]:
+        raise RuntimeError(f"sample_chains counts do not reconcile: {counts} (expected {expected} chains)")
+    log.info("[%s] %s", STAGE, counts)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    with job(STAGE, __doc__, argv) as (spark, settings, tracked):
+        counts = run(spark, settings, tracked.run_id)
+        tracked.log_metrics({k: v for k, v in counts.items() if isinstance(v, (int, float))})
+        tracked.set_tags({"sample_output": counts["output"]})
+        print(json.dumps(counts))
+    return counts
+
+
+if __name__ == "__main__":
+    main()
