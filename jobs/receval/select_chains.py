@@ -1,9 +1,11 @@
 """`chains` (k sampled chains per question) + `chain_scores` -> answer accuracy of ReCEval-guided chain choice.
 
 Per question (chains.question_id, k taken from the data) the chain with the best ReCEval score answers;
-accuracy against the gold answer is reported beside the first sample (greedy: the smallest
-`metadata[select.greedy_key]`, else the smallest chain_id) and self-consistency (majority vote over the
-normalised answers, ties to the earliest sample). Criteria (SelectSettings): correctness = the listed
+accuracy against the gold answer is reported beside greedy decoding and self-consistency (majority vote over
+the normalised answers, ties to the earliest sample). Greedy is the question's real greedy decode, a chain with
+`metadata[select.greedy_flag]` = "true" (sample_chains writes one): it is kept apart, never a candidate of the
+ReCEval choice or the vote. A question without one falls back to the old rule, the first sample (the smallest
+`metadata[select.greedy_key]`, else the smallest chain_id); the `greedy_basis` column and the log say which. Criteria (SelectSettings): correctness = the listed
 correctness chain scores, informativeness = the listed informativeness scores; several columns in one
 criterion are combined by `combine`. Default `rank_mean`: each column becomes its percent rank among the
 question's chains and the ranks are averaged, so probabilities and nats weigh the same; "both" is the mean of
@@ -13,6 +15,7 @@ A chain with a null score in a criterion ranks last for it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -24,8 +27,11 @@ from jobs.infra.tracking import job
 from schemas import chain_scores as CS
 from schemas import chains as C
 
+log = logging.getLogger(__spec__.name)
+
 METHOD, CORRECT, ORDER, NORM = "method", "correct", "_order", "_norm"
 GREEDY, MAJORITY = "greedy", "self_consistency"
+BASIS, DECODE, FIRST = "greedy_basis", "greedy_decode", "first_sample"  # where a greedy pick came from
 
 
 def normalise(answer: Column) -> Column:
@@ -93,9 +99,17 @@ def picks(chains: DataFrame, chain_scores: DataFrame, settings: Settings, hold: 
     With `hold`, the candidates (read by every method) are persisted until the holder releases them."""
     cfg = settings.select
     config_hash = cfg.config_hash or settings.scoring_hash()
-    cand = scored_candidates(chains, chain_scores, cfg, config_hash)
+    decoded = F.coalesce(F.lower(F.col(C.METADATA)[cfg.greedy_flag]) == "true", F.lit(False))
+    cand = scored_candidates(chains.where(~decoded), chain_scores, cfg, config_hash)
     cand = hold(cand) if hold is not None else cand
-    chosen = [_first(cand, [], GREEDY)]
+    keys = [C.DATASET, C.QUESTION_ID]
+    asked = cand.select(*keys).distinct()
+    # The real greedy decode of each question that has candidates (the smallest chain_id should a question hold two).
+    real = chains.where(decoded & F.col(C.QUESTION_ID).isNotNull()).join(asked, keys, "left_semi")
+    real = real.withColumn(ORDER, F.lit(0.0))
+    real = _first(real, [], GREEDY).withColumn(BASIS, F.lit(DECODE))
+    fallback = _first(cand, [], GREEDY).join(real.select(*keys), keys, "left_anti").withColumn(BASIS, F.lit(FIRST))
+    chosen = [real.unionByName(fallback)]
     for criterion in cfg.criteria:
         chosen.append(_first(cand, [F.col(criterion).desc_nulls_last()], criterion))
     votes = cand.withColumn("_votes", F.count(F.lit(1)).over(Window.partitionBy(C.DATASET, C.QUESTION_ID, NORM)))
@@ -103,7 +117,7 @@ def picks(chains: DataFrame, chain_scores: DataFrame, settings: Settings, hold: 
     chosen.append(_first(votes, [F.col("_votes").desc(), F.col("_first_of_answer")], MAJORITY))
     out = chosen[0]
     for part in chosen[1:]:
-        out = out.unionByName(part)
+        out = out.unionByName(part.withColumn(BASIS, F.lit(None).cast("string")))
     return out.withColumn(CORRECT, same_answer(normalise(F.col(C.ANSWER)), normalise(F.col(C.GOLD_ANSWER))))
 
 
@@ -113,16 +127,39 @@ def accuracy(chosen: DataFrame) -> DataFrame:
     )
 
 
+def greedy_bases(chosen: DataFrame) -> dict[str, dict[str, int]]:
+    """dataset -> {greedy_decode: n, first_sample: n}: how many greedy picks were real decodes."""
+    out: dict[str, dict[str, int]] = {}
+    for r in chosen.where(F.col(METHOD) == GREEDY).groupBy(C.DATASET, BASIS).count().collect():
+        out.setdefault(r[C.DATASET], {})[r[BASIS]] = r["count"]
+    return out
+
+
 def run(spark: SparkSession, settings: Settings) -> list[dict]:
+    """Accuracy rows per (dataset, method); each greedy row also says how many of its picks were real decodes."""
     chains = tables.read(spark, settings.table("chains"), C.SCHEMA)
     scores = tables.read(spark, settings.table("chain_scores"), CS.SCHEMA)
     with tables.Held() as hold:
-        return [r.asDict() for r in accuracy(picks(chains, scores, settings, hold)).orderBy(C.DATASET, METHOD).collect()]
+        chosen = hold(picks(chains, scores, settings, hold))
+        rows = [r.asDict() for r in accuracy(chosen).orderBy(C.DATASET, METHOD).collect()]
+        bases = greedy_bases(chosen)
+    for r in rows:
+        if r[METHOD] == GREEDY:
+            r[DECODE], r[FIRST] = (bases.get(r[C.DATASET], {}).get(b, 0) for b in (DECODE, FIRST))
+            if r[FIRST]:
+                log.warning("[select_chains] %s: %d of %d questions have no greedy decode (metadata %s=true); their "
+                            "greedy is the first sample (smallest metadata %s)", r[C.DATASET], r[FIRST],
+                            r["n_questions"], settings.select.greedy_flag, settings.select.greedy_key)  # fmt: skip
+    return rows
 
 
 def report(rows: list[dict]) -> str:
     lines = ["| dataset | method | questions | accuracy |", "|---|---|---|---|"]
-    lines += [f"| {r[C.DATASET]} | {r[METHOD]} | {r['n_questions']} | {100 * r['accuracy']:.1f} % |" for r in rows]
+    for r in rows:
+        method = r[METHOD]
+        if method == GREEDY and FIRST in r:  # say what the baseline was: real decodes or the old first-sample rule
+            method += f" ({r[DECODE]} greedy decodes, {r[FIRST]} first samples)"
+        lines.append(f"| {r[C.DATASET]} | {method} | {r['n_questions']} | {100 * r['accuracy']:.1f} % |")
     return "\n".join(lines) + "\n"
 
 
