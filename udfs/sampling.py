@@ -1,4 +1,5 @@
-"""k sampled chains + one greedy decode per question (chain selection, ReCEval paper §6); answers parsed from them.
+"""k sampled chains + one greedy decode per question, answers parsed from them (the ReCEval paper's downstream
+chain selection).
 
 Plain torch/transformers on top of `udfs.generate`; the Spark UDF is at the end.
 - The k samples of a question are one batch of k copies of its prompt, seeded from (seed, prompt) by

@@ -1,11 +1,11 @@
 """GSM-8K questions -> k sampled chains + one greedy decode per question (JSONL for ingest), bad rows -> `quarantine`.
 
-Chain selection as in the ReCEval paper (§6: Flan-T5-XXL, 20 samples at temperature 0.7 on GSM-8K). A seeded
-choice of `sample.questions` questions from `sample.questions_path` (ROSCOE's GSM-8K test inputs); each gets
-the zero-shot CoT prompt `sample.prompt` ("Q: {question}\\nA: Let's think step by step.\\n", Kojima et al.
-2022: the paper's prompt is not published and the project has no GSM-8K few-shot exemplars of its own), k
-samples (`sample.k`, temperature, top_p, seed) and one greedy decode (do_sample=False) by `sample.model`
-(causal or seq2seq). Each chain row: chain_id, dataset, question_id, context (the question), chain, answer (last
+Chain selection as in the ReCEval paper's downstream experiment (Flan-T5-XXL, 20 samples at temperature 0.7 on
+GSM-8K). A seeded choice of `sample.questions` questions from `sample.questions_path` (ROSCOE's GSM-8K test
+inputs); each gets the zero-shot CoT prompt `sample.prompt` ("Q: {question}\\nA: Let's think step by step.\\n",
+Kojima et al. 2022): the paper does not publish its prompt, and zero-shot needs no exemplar file (MGSM's English
+GSM-8K exemplars live in another dataset and are not wired in here), k samples (`sample.k`, temperature, top_p,
+seed) and one greedy decode (do_sample=False) by `sample.model` (causal or seq2seq). Each chain row: chain_id, dataset, question_id, context (the question), chain, answer (last
 number after the last answer indicator), gold_answer, metadata {sample_idx, greedy, temperature, top_p, seed,
 model, n_tokens, truncated}. The greedy row has greedy=true and no sample_idx: select_chains takes it as the
 baseline and never as a candidate. Same settings, same chains (udfs/sampling.py).
