@@ -58,7 +58,8 @@ def job_args(lake: Path, input_path: Path | str, *extra: str) -> list[str]:
         f"mlflow.tracking_uri=sqlite:///{lake.parent}/mlruns-{lake.name}.db",
         f"mlflow.artifact_location={lake.parent}/mlartifacts-{lake.name}",
         "pipeline.progress=plain",
-        "pipeline.batch_chains=16",
+        # One batch per stage: the batch loop is test_pipeline's; here each batch is a minute of Spark jobs.
+        "pipeline.batch_chains=64",
         *extra,
     ]
     return [arg for pair in pairs for arg in ("--set", pair)]

@@ -180,7 +180,12 @@ def pytest_runtest_setup(item) -> None:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """A `full` test (a whole-dataset run) runs only when asked for by name in -m, never by a plain `pytest`."""
+    """A `full` test (a whole-dataset run) runs only when asked for by name in -m, never by a plain `pytest`.
+
+    Cluster tests first: their file is the slow set's longest, and xdist (`--dist loadfile`) hands files out in
+    this order, so started last it would run alone at the end of the set.
+    """
+    items.sort(key=lambda item: "cluster" not in item.keywords)
     if "full" in (config.option.markexpr or ""):
         return
     skip = pytest.mark.skip(reason="full-dataset run: select it with -m full")

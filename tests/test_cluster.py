@@ -77,7 +77,9 @@ def _submit_ok(cluster: StandaloneCluster, module: str, args: list[str]):
 
 
 @pytest.mark.cluster
+@pytest.mark.manual  # ~13 min in CI; the worker-kill test below is this submit with a fault, to the same reference
 def test_submit_pipeline_on_cluster_equals_local_mode(spark, full_cluster, nightly_input, reference_lake, tmp_path):
+    """The plain cluster run; when the worker-kill test fails, this tells the cluster from the fault apart."""
     lake = tmp_path / "lake"
     apps_before = len(full_cluster.state()["completedapps"])
     result, seconds = _submit_ok(full_cluster, PIPELINE_MODULE, job_args(lake, nightly_input, "profile=cluster"))
@@ -127,9 +129,13 @@ def test_ingest_transform_invariant_to_partitions(spark, nightly_input, partitio
 def test_worker_killed_mid_scoring_job_finishes_with_equal_tables(
     spark, full_cluster, nightly_input, reference_lake, tmp_path
 ):
+    """spark-submit of the pipeline on the standalone cluster (two workers), one worker killed while its NLI task
+    runs: the job finishes on the other and its tables equal the local-mode reference's, so the scores depend
+    on neither master, cores, partitioning nor a lost executor."""
     markers = tmp_path / "markers"
     markers.mkdir()
     lake = tmp_path / "lake"
+    apps_before = len(full_cluster.state()["completedapps"])
     started = time.monotonic()
     proc = full_cluster.start_job(
         str(Path("tests") / "cluster.py"),
@@ -149,6 +155,9 @@ def test_worker_killed_mid_scoring_job_finishes_with_equal_tables(
     print(f"\n[cluster] worker-kill run: {time.monotonic() - started:.0f}s, killed {len(killed)} processes")
 
     assert result.returncode == 0, result.stdout[-6000:]
+    assert f"master={full_cluster.master_url}" in result.stdout  # the job saw the cluster, not local mode
+    # The master ran it as an application on its workers (local mode would never register there).
+    assert len(full_cluster.completed_apps(apps_before + 1)) == apps_before + 1
     assert "Lost executor" in result.stdout or "ExecutorLostFailure" in result.stdout, result.stdout[-4000:]
     assert len(full_cluster.live_workers()) == 1
     assert_lakes_equal(spark, reference_lake, lake)
