@@ -535,7 +535,12 @@ def print_summary(summary: Summary, settings: Settings) -> None:
         f"Delta tables: {resolve_path(settings.paths.lake)}",
         f"MLflow: {mlflow_location(settings, summary.mlflow_run_id)}",
         *([f"report: {summary.report_file}"] if summary.report_file else []),
+        f"models: {settings.models.profile} (NLI {settings.models.nli.path})",
     ]
+    # Tiny random models score every chain alike: say so where the scores are read, and how to get real ones.
+    from jobs.infra.config import random_models_note
+
+    lines += [note] if (note := random_models_note(settings)) else []
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
