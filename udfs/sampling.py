@@ -68,12 +68,16 @@ def draw(model: Any, tokenizer: Any, family: str, prompts: Sequence[str], k: int
 CHAIN_FIELDS = "sample_idx int, greedy boolean, text string, answer string, n_tokens int, truncated boolean"
 UDF_FIELDS = f"chains array<struct<{CHAIN_FIELDS}>>, error string"
 DrawFn = Callable[[Sequence[str]], list[Drawn]]
+REPLACEMENT = "\ufffd"  # what decode writes for bytes that are not valid UTF-8
 
 
 def rows_of(drawn: Drawn, indicators: Sequence[str]) -> list[dict[str, Any]]:
     """The question's chains as rows: samples 0..k-1, then the greedy decode (sample_idx null, greedy true)."""
     def row(idx: int | None, g: Generation) -> dict[str, Any]:
-        return {"sample_idx": idx, "greedy": idx is None, "text": g.text, "answer": final_answer(g.text, indicators),
+        # A byte-level tokenizer's output cut by max_new_tokens inside a multi-byte character decodes to a trailing
+        # U+FFFD: an artefact of the cut, not text. One left inside is the model's own (the job quarantines it).
+        text = g.text.rstrip(REPLACEMENT)
+        return {"sample_idx": idx, "greedy": idx is None, "text": text, "answer": final_answer(text, indicators),
                 "n_tokens": g.n_tokens, "truncated": g.truncated}  # fmt: skip
 
     return [row(i, g) for i, g in enumerate(drawn.samples)] + [row(None, drawn.greedy)]

@@ -11,8 +11,9 @@ model, n_tokens, truncated}. The greedy row has greedy=true and no sample_idx: s
 baseline and never as a candidate. Same settings, same chains (udfs/sampling.py).
 
 Quarantined (stage sample_chains): question rows without text or gold answer, questions whose generation
-failed, and empty chains (nothing to score). Counts reconcile: questions read = chosen + bad (+ not chosen);
-chains = chosen x (k + 1) = written + empty + those of failed questions.
+failed, empty chains (nothing to score) and chains with undecodable bytes (U+FFFD inside; one a max_new_tokens
+cut leaves at the end is dropped). Counts reconcile: questions read = chosen + bad (+ not chosen); chains =
+chosen x (k + 1) = written + empty + undecodable + those of failed questions.
 
     python -m jobs.receval.sample_chains --set sample.questions=20 --set sample.k=5
 """
@@ -25,6 +26,7 @@ import math
 import random
 import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -79,6 +81,19 @@ def read_questions(cfg: SampleSettings) -> tuple[list[dict[str, Any]], list[dict
     return good, bad
 
 
+def check_model(cfg: SampleSettings) -> None:
+    """Fail on the driver, before any table is touched, when the sampler is not on this machine."""
+    from udfs.runtime import ModelUnavailable, check_available
+
+    try:
+        check_available(cfg.model.path, "sample")
+    except ModelUnavailable:
+        raise ModelUnavailable(
+            f"sample.model.path={cfg.model.path!r} is neither a local folder nor in the local Hugging Face cache; "
+            "give a folder saved with save_pretrained (--set sample.model.path=/path) or pre-fill the HF cache"
+        ) from None
+
+
 def choose(questions: list[dict[str, Any]], cfg: SampleSettings) -> list[dict[str, Any]]:
     """A seeded choice of `cfg.questions` questions, in file order (all when None or more than there are)."""
     if cfg.questions is None or cfg.questions >= len(questions):
@@ -116,7 +131,7 @@ def transform(questions: DataFrame, settings: Settings, draw: Any = None,
         "seed": F.lit(str(cfg.seed)), "model": F.lit(cfg.model.path), "n_tokens": F.col("c.n_tokens").cast("string"),
         "truncated": F.when(F.col("c.truncated"), "true").otherwise("false"),
     }  # fmt: skip
-    # map_from_arrays drops nothing; a null sample_idx (the greedy row) is filtered out of the map below.
+    # The greedy row has no sample_idx: its null entry is dropped from the map rather than written as null.
     keys = F.array(*[F.lit(k) for k in meta])
     values = F.array(*meta.values())
     metadata = F.map_filter(F.map_from_arrays(keys, values), lambda k, v: v.isNotNull())
@@ -126,16 +141,36 @@ def transform(questions: DataFrame, settings: Settings, draw: Any = None,
         F.col("c.text").alias("chain"), F.col("c.answer").alias(C.ANSWER), C.GOLD_ANSWER,
         metadata.alias(C.METADATA),
     )  # fmt: skip
-    empty = F.trim(F.coalesce(F.col("chain"), F.lit(""))) == ""
-    failed_c = rows.where(empty).select(
-        C.QUESTION_ID, F.lit("empty_chain").alias("_reason"), F.lit("the model generated no text").alias("_detail"),
-        F.col(C.CHAIN_ID).alias("_chain_id"), F.to_json(F.struct(*rows.columns)).alias("prompt"))  # fmt: skip
-    return rows.where(~empty), failed_q.unionByName(failed_c)
+    # Ingest would refuse these rows (empty_chain, undecodable_text): they are quarantined here, where they arise.
+    text = F.coalesce(F.col("chain"), F.lit(""))
+    reason = (F.when(F.regexp_like(text, F.lit(r"^\s*$")), "empty_chain")
+              .when(F.instr(text, sampling.REPLACEMENT) > 0, "undecodable_text"))  # fmt: skip
+    detail = F.when(reason == "empty_chain", "the model generated no text").otherwise(
+        "the generated text holds bytes that are not valid UTF-8 (U+FFFD)")
+    failed_c = rows.where(reason.isNotNull()).select(
+        C.QUESTION_ID, reason.alias("_reason"), detail.alias("_detail"), F.col(C.CHAIN_ID).alias("_chain_id"),
+        F.to_json(F.struct(*rows.columns)).alias("prompt"))  # fmt: skip
+    return rows.where(reason.isNull()), failed_q.unionByName(failed_c)
+
+
+def _check_replaceable(folder: str) -> None:
+    """The output folder is replaced whole: refuse one holding anything but an earlier sample (a mistyped
+    sample.output must not delete a folder of other files)."""
+    path = Path(folder)
+    if not path.exists():
+        return
+    foreign = [p.name for p in path.iterdir()
+               if not (p.name.startswith(("part-", "_SUCCESS", "._SUCCESS", ".part-")) and p.is_file())]
+    if foreign:
+        raise FileExistsError(f"sample.output={folder} holds files that are not an earlier sample ({foreign[:3]}); "
+                              "name an empty or new folder")
 
 
 def run(spark: SparkSession, settings: Settings, run_id: str | None = None, draw: Any = None) -> dict[str, Any]:
     cfg = settings.sample
     started = time.time()
+    if draw is None:
+        check_model(cfg)
     good, bad = read_questions(cfg)
     chosen = choose(good, cfg)
     out = output_folder(settings)
@@ -145,6 +180,7 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None, draw
         parts = max(1, min(math.ceil(len(chosen) / settings.runtime.batch_size), spark.sparkContext.defaultParallelism))
         questions = spark.createDataFrame(chosen, QUESTION_FIELDS).repartition(parts)
         rows, failed = transform(questions, settings, draw, hold)
+        _check_replaceable(out)
         shutil.rmtree(out, ignore_errors=True)  # a rerun replaces the whole sample, never mixes two
         rows.orderBy(C.QUESTION_ID, C.CHAIN_ID).coalesce(1).write.mode("overwrite").json(out)
         written = rows.count()
@@ -160,12 +196,13 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None, draw
         if reasons or bad:
             tables.append_quarantine(spark, settings, quarantine)
     failed_questions = reasons.get("generation_error", 0)
-    empty = reasons.get("empty_chain", 0)
+    empty, undecodable = reasons.get("empty_chain", 0), reasons.get("undecodable_text", 0)
     expected = len(chosen) * (cfg.k + 1)
     counts = {
         "questions_read": len(good) + len(bad), "questions_bad": len(bad), "questions_chosen": len(chosen),
         "questions_failed": failed_questions, "chains_written": written, "chains_empty": empty,
-        "reconciled": int(expected == written + empty + failed_questions * (cfg.k + 1)),
+        "chains_undecodable": undecodable,
+        "reconciled": int(expected == written + empty + undecodable + failed_questions * (cfg.k + 1)),
         "seconds": round(time.time() - started, 1), "output": out,
     }  # fmt: skip
     if not counts["reconciled"]:

@@ -115,6 +115,7 @@ def test_generation_error_quarantines_the_question(spark, tmp_path, make_setting
             else:
                 chains = [{"sample_idx": i, "greedy": False, "text": f"so the answer is {i}", "answer": str(i),
                            "n_tokens": 5, "truncated": False} for i in range(2)]  # fmt: skip
+                chains[1]["text"] = "so \ufffd the answer is 1" if "Sam" in p else " \n\t"  # broken bytes; blank
                 chains.append({"sample_idx": None, "greedy": True, "text": "", "answer": None, "n_tokens": 0,
                                "truncated": False})  # an empty greedy decode: quarantined, not written
                 out.append({"chains": chains, "error": None})
@@ -123,13 +124,13 @@ def test_generation_error_quarantines_the_question(spark, tmp_path, make_setting
     settings = make_settings(f"sample.questions_path={_questions(tmp_path)}", "sample.k=2",
                              f"sample.output={tmp_path / 'out'}")  # fmt: skip
     counts = SC.run(spark, settings, draw=fake)
-    assert (counts["questions_failed"], counts["chains_written"], counts["chains_empty"]) == (1, 4, 2)
-    assert [r["chain_id"] for r in _chains(counts["output"])] == ["gsm8k_0-s0", "gsm8k_0-s1", "gsm8k_3-s0",
-                                                                  "gsm8k_3-s1"]
+    assert (counts["questions_failed"], counts["chains_written"], counts["chains_empty"],
+            counts["chains_undecodable"], counts["reconciled"]) == (1, 2, 3, 1, 1)
+    assert [r["chain_id"] for r in _chains(counts["output"])] == ["gsm8k_0-s0", "gsm8k_3-s0"]
     rows = tables.read(spark, settings.table("quarantine")).where(f"{Q.STAGE} = 'sample_chains'").collect()
-    got = sorted((r[Q.REASON], r[Q.CHAIN_ID]) for r in rows if r[Q.REASON] in ("generation_error", "empty_chain"))
-    assert got == [("empty_chain", "gsm8k_0-greedy"), ("empty_chain", "gsm8k_3-greedy"),
-                   ("generation_error", "gsm8k_1")]
+    got = sorted((r[Q.REASON], r[Q.CHAIN_ID]) for r in rows if r[Q.REASON] not in ("missing_gold", "not_json"))
+    assert got == [("empty_chain", "gsm8k_0-greedy"), ("empty_chain", "gsm8k_0-s1"), ("empty_chain", "gsm8k_3-greedy"),
+                   ("generation_error", "gsm8k_1"), ("undecodable_text", "gsm8k_3-s1")]
 
 
 @pytest.mark.dataset("roscoe_gsm8k")
@@ -137,3 +138,21 @@ def test_reads_roscoe_gsm8k(make_settings):
     good, bad = SC.read_questions(make_settings().sample)
     assert (len(good), len(bad)) == (1319, 0)
     assert good[0][C.QUESTION_ID] == "gsm8k_0" and good[0][C.GOLD_ANSWER] == "18"
+
+
+def test_missing_model_fails_before_any_table(spark, tmp_path, make_settings):
+    from udfs.runtime import ModelUnavailable
+
+    settings = make_settings(f"sample.questions_path={_questions(tmp_path)}", f"sample.model.path={tmp_path / 'none'}")
+    with pytest.raises(ModelUnavailable, match="sample.model.path="):
+        SC.run(spark, settings)
+    assert not tables.exists(spark, settings.table("quarantine"))
+    assert not Path(SC.output_folder(settings)).exists()
+
+
+def test_output_folder_of_other_files_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not an earlier sample"):
+        SC._check_replaceable(str(tmp_path))
+    assert (tmp_path / "notes.txt").exists()
+    SC._check_replaceable(str(tmp_path / "absent"))  # a new folder is fine

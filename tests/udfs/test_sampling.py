@@ -65,3 +65,7 @@ def test_rows_of_keeps_greedy_apart():
     assert [(r["sample_idx"], r["greedy"], r["answer"]) for r in rows] == [(0, False, "7"), (1, False, "12"),
                                                                          (None, True, "8")]
     assert rows[-1]["truncated"] is True and rows[0]["n_tokens"] == 5
+    # A decode cut inside a multi-byte character ends in U+FFFD: dropped; one inside the text is kept (quarantined).
+    cut = S.Drawn([Generation("costs 5 \u20ac\ufffd", 4, False), Generation("a \ufffd b 3", 4, False)],
+                  Generation("7", 1, False))
+    assert [r["text"] for r in S.rows_of(cut, ["answer is"])] == ["costs 5 \u20ac", "a \ufffd b 3", "7"]
