@@ -41,6 +41,8 @@ from udfs import sampling
 log = logging.getLogger(__spec__.name)
 
 STAGE = "sample_chains"
+# Blank as Python's str.strip() (ingest's rule) sees it: Java's \s misses \x1c-\x1f, NBSP and the Unicode spaces.
+BLANK = r"^[\s\x{1c}-\x{1f}\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]*$"
 QUESTION_FIELDS = f"{C.QUESTION_ID} string, {C.CONTEXT} string, {C.GOLD_ANSWER} string, prompt string"
 
 
@@ -143,7 +145,7 @@ def transform(questions: DataFrame, settings: Settings, draw: Any = None,
     )  # fmt: skip
     # Ingest would refuse these rows (empty_chain, undecodable_text): they are quarantined here, where they arise.
     text = F.coalesce(F.col("chain"), F.lit(""))
-    reason = (F.when(F.regexp_like(text, F.lit(r"^\s*$")), "empty_chain")
+    reason = (F.when(F.regexp_like(text, F.lit(BLANK)), "empty_chain")
               .when(F.instr(text, sampling.REPLACEMENT) > 0, "undecodable_text"))  # fmt: skip
     detail = F.when(reason == "empty_chain", "the model generated no text").otherwise(
         "the generated text holds bytes that are not valid UTF-8 (U+FFFD)")

@@ -115,7 +115,7 @@ def test_generation_error_quarantines_the_question(spark, tmp_path, make_setting
             else:
                 chains = [{"sample_idx": i, "greedy": False, "text": f"so the answer is {i}", "answer": str(i),
                            "n_tokens": 5, "truncated": False} for i in range(2)]  # fmt: skip
-                chains[1]["text"] = "so \ufffd the answer is 1" if "Sam" in p else " \n\t"  # broken bytes; blank
+                chains[1]["text"] = "so \ufffd the answer is 1" if "Sam" in p else " \n\x1f\xa0"  # broken bytes; blank
                 chains.append({"sample_idx": None, "greedy": True, "text": "", "answer": None, "n_tokens": 0,
                                "truncated": False})  # an empty greedy decode: quarantined, not written
                 out.append({"chains": chains, "error": None})
