@@ -160,6 +160,8 @@ def report(rows: list[dict]) -> str:
         if method == GREEDY and FIRST in r:  # say what the baseline was: real decodes or the old first-sample rule
             method += f" ({r[DECODE]} greedy decodes, {r[FIRST]} first samples)"
         lines.append(f"| {r[C.DATASET]} | {method} | {r['n_questions']} | {100 * r['accuracy']:.1f} % |")
+    if not rows:  # an empty table must not read as a result
+        lines.append("\nno question has 2 or more candidate chains (quarantined or unscored chains are not candidates)")
     return "\n".join(lines) + "\n"
 
 

@@ -96,3 +96,4 @@ def test_picks_real_greedy_decode_kept_apart(spark, make_settings):
     assert bases == {"toy": {"greedy_decode": 2, "first_sample": 1}}
     rows = [{C.DATASET: "toy", S.METHOD: "greedy", "n_questions": 3, "accuracy": 2 / 3, S.DECODE: 2, S.FIRST: 1}]
     assert "| toy | greedy (2 greedy decodes, 1 first samples) | 3 | 66.7 % |" in S.report(rows)
+    assert "no question has 2 or more candidate chains" in S.report([])
