@@ -58,6 +58,8 @@ def job_args(lake: Path, input_path: Path | str, *extra: str) -> list[str]:
         f"mlflow.tracking_uri=sqlite:///{lake.parent}/mlruns-{lake.name}.db",
         f"mlflow.artifact_location={lake.parent}/mlartifacts-{lake.name}",
         "pipeline.progress=plain",
+        # Named: an entry point picks the small profile where `make models` has built it, the reference would not.
+        "models.profile=offline",
         # One batch per stage: the batch loop is test_pipeline's; here each batch is a minute of Spark jobs.
         "pipeline.batch_chains=64",
         *extra,

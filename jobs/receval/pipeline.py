@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -631,4 +632,7 @@ def _check_models(settings: Settings, transforms: Transforms | None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from jobs.infra.config import with_built_models
+
+    # `make run`: the small profile once `make models` built it, unless a profile was chosen.
+    main(with_built_models(sys.argv[1:]))
