@@ -1031,4 +1031,4 @@ def random_models_note(settings: Settings) -> str | None:
     if settings.models.profile != "offline" or Path(settings.models.nli.path).name != "tiny-nli":
         return None
     return ("NOTE: these scores come from tiny RANDOM models (models.profile=offline) and mean nothing. Build the "
-            "`small` profile's real NLI model with `make models` (about 15 min on 2 cores); `make run` then uses it.")
+            "`small` profile's real NLI model with `make models` (75 min on 2 shared cores, README); `make run` then uses it.")
