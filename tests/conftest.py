@@ -23,6 +23,10 @@ SHARED_LOCK = PROJECT_ROOT / ".pytest-shared.lock"
 # compilation with C2, whose compile threads compete with the work on 2 cores (docs/TESTING.md: ~1.5x on a
 # Delta MERGE + pandas UDF loop). Jobs keep the JVM's defaults; this is the test session only.
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+# Spark defaults for every application the tests start, in process or as a subprocess (interpreted expressions,
+# C1): see the file's comments. Set before any JVM starts; subprocesses inherit it.
+TEST_SPARK_CONF_DIR = PROJECT_ROOT / "tests" / "spark-conf"
+os.environ["SPARK_CONF_DIR"] = str(TEST_SPARK_CONF_DIR)
 
 
 @pytest.fixture(scope="session")
