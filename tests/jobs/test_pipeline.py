@@ -244,7 +244,9 @@ def test_run_changed_model_scores_under_new_hash_only(spark, clean_run, tmp_path
     settings = _copy_of_clean(clean_run, tmp_path)
     old_hash = settings.scoring_hash()
     old_rows = {n: _stable(spark, settings, n).collect() for n in ("steps", "step_scores", "chain_scores", "curated")}
-    changed = _clean_settings(clean_run.input, tmp_path / "lake", tmp_path, "models.nli.path=models/another-nli")
+    # One batch per stage: what is checked is which hash the rows go under (batches: the crash test above).
+    changed = _clean_settings(clean_run.input, tmp_path / "lake", tmp_path, "models.nli.path=models/another-nli",
+                              "pipeline.batch_chains=24")
     assert changed.scoring_hash() != old_hash
     fakes = Fakes()
     summary = _run(spark, changed, fakes)
@@ -261,7 +263,9 @@ def test_run_rescore_recomputes_current_hash(spark, clean_run, tmp_path):
     settings = _copy_of_clean(clean_run, tmp_path)
     expected = {n: _stable(spark, settings, n).collect() for n in ("step_scores", "chain_scores", "curated")}
     fakes = Fakes()
-    _run(spark, _clean_settings(clean_run.input, tmp_path / "lake", tmp_path, "pipeline.rescore=true"), fakes)
+    rescore = _clean_settings(clean_run.input, tmp_path / "lake", tmp_path, "pipeline.rescore=true",
+                              "pipeline.batch_chains=24")  # one batch per stage, as in the changed-model test
+    _run(spark, rescore, fakes)
     assert len(fakes.seen_nli) == 24
     for name, rows in expected.items():
         assertDataFrameEqual(_stable(spark, settings, name), rows)
@@ -275,7 +279,8 @@ def test_run_failed_chains_recorded_once_and_not_retried(spark, make_settings, t
     text = (folder / "bad_steps.jsonl").read_text().replace("First step", QUARANTINE_MARK)
     (folder / "bad_steps.jsonl").write_text(text)
     _new_chains_file(folder, ["fails-at-nli", "scores-fine"], "two.jsonl")
-    settings = _settings(make_settings, folder)
+    stages = "pipeline.stages=[ingest,steps,scores,aggregate]"  # curation of the one good chain checks nothing here
+    settings = _settings(make_settings, folder, stages)
     summary = _run(spark, settings, Fakes(error_chain="fails-at-nli"))
     unscored = {r["chain_id"]: r["stage"] for r in tables.read(spark, settings.table("unscored")).collect()}
     assert unscored == {"fails-at-steps": "steps", "fails-at-nli": "scores"}
@@ -285,7 +290,7 @@ def test_run_failed_chains_recorded_once_and_not_retried(spark, make_settings, t
     # The NLI failure quarantines every step of its chain (3 steps).
     assert reasons == [("fails-at-nli", "score", "nli_error")] * 3 + [("fails-at-steps", "steps", "fake_failure")]
     again = Fakes(error_chain="fails-at-nli")
-    _run(spark, _settings(make_settings, folder, "pipeline.skip_unchanged_input=false"), again)
+    _run(spark, _settings(make_settings, folder, stages, "pipeline.skip_unchanged_input=false"), again)
     assert again.seen_steps == [] and again.nli_calls == 0
 
 
