@@ -22,6 +22,7 @@ SHARED_LOCK = PROJECT_ROOT / ".pytest-shared.lock"
 # The test JVM runs short jobs on tiny tables: the C1 compiler alone starts and warms up faster than tiered
 # compilation with C2, whose compile threads compete with the work on 2 cores (docs/TESTING.md: ~1.5x on a
 # Delta MERGE + pandas UDF loop). Jobs keep the JVM's defaults; this is the test session only.
+# Spark applications get it from tests/spark-conf; the standalone cluster's daemons (not applications) from here.
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 # Spark defaults for every application the tests start, in process or as a subprocess (interpreted expressions,
 # C1): see the file's comments. Set before any JVM starts; subprocesses inherit it.
@@ -49,7 +50,6 @@ def spark():
         SparkSettings(master="local[2]", shuffle_partitions=2, app_name="receval-tests"),
         extra={
             "spark.driver.memory": "1g",
-            "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
             "spark.sql.adaptive.enabled": "false",
         },
     )

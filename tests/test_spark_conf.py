@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import TEST_SPARK_CONF_DIR
+from conftest import TEST_JVM_OPTIONS, TEST_SPARK_CONF_DIR
 
 from jobs.infra.config import PROJECT_ROOT
 
@@ -14,7 +14,10 @@ def test_session_runs_interpreted_expressions_with_c1(spark):
     conf = spark.sparkContext.getConf()
     assert spark.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
     assert spark.conf.get("spark.sql.codegen.wholeStage") == "false"
-    assert conf.get("spark.executor.extraJavaOptions").endswith("-XX:TieredStopAtLevel=1")
+    assert conf.get("spark.executor.extraJavaOptions").endswith(TEST_JVM_OPTIONS)
+    # The driver JVM itself runs with it (the session fixture no longer names it: the defaults file does).
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    assert TEST_JVM_OPTIONS in list(runtime.getInputArguments())
     # Interpreted and generated projections agree: a wide projection of mixed types, as Delta's encoders build.
     df = spark.range(5).selectExpr("id", "id * 2.5 AS x", "CAST(id AS STRING) AS s", "named_struct('a', id) AS t")
     assert [tuple(r) for r in df.orderBy("id").collect()] == [(i, i * 2.5, str(i), (i,)) for i in range(5)]
