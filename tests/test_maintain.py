@@ -58,6 +58,24 @@ def test_run_compacts_vacuums_and_keeps_query_results(spark, make_settings):
     assert list(detail) == settings.maintain.cluster_by["chain_scores"]
 
 
+def test_vacuum_lists_with_the_configured_tasks_and_restores_the_setting(spark, make_settings):
+    settings = make_settings()
+    path = settings.table("chain_scores")
+    _night(spark, settings, 0)
+    spark.sparkContext.setJobGroup("maintain-vacuum", "vacuum under test")
+    try:
+        maintain.vacuum(spark, path, 168, listing_parallelism=3)
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    tracker = spark.sparkContext.statusTracker()
+    stages = [tracker.getStageInfo(s) for j in tracker.getJobIdsForGroup("maintain-vacuum")
+              for s in tracker.getJobInfo(j).stageIds]
+    tasks = {stage.numTasks for stage in stages if stage is not None}
+    # The listing stages run 3 tasks, not Spark's 10,000 (each of them a near-empty task: minutes per VACUUM).
+    assert max(tasks) == 3, tasks
+    assert spark.conf.get(maintain.LISTING_PARALLELISM, None) is None  # the session's own setting is back
+
+
 def test_night_done_maintains_after_configured_nights(spark, make_settings, lake):
     settings = make_settings("maintain.every_nights=3", "maintain.retention_hours=0")
     _night(spark, settings, 0)

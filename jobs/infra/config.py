@@ -662,6 +662,11 @@ class MaintainSettings(Section):
     every_nights: int | None = Field(7, ge=1)
     # VACUUM keeps files a reader or a time-travel query of the last `retention_hours` may need.
     retention_hours: float = Field(168.0, ge=0)
+    # Tasks of each file-listing stage of VACUUM (None: the cluster's cores, Spark's default parallelism). Delta
+    # lists with `spark.sql.sources.parallelPartitionDiscovery.parallelism`, Spark's default 10,000, in each of
+    # ~7 stages: 70,000 near-empty tasks on a small lake (VACUUM of a 40-row table 141 s -> 8 s on 2 cores,
+    # docs/OPERATIONS.md). Raise it for lakes of very many folders on a large cluster.
+    vacuum_listing_parallelism: int | None = Field(None, ge=1)
     # Clustering columns per table (Delta liquid clustering; OPTIMIZE lays files out by them). Chosen by
     # bench/maintain_bench.py: readers filter on config_hash (and dataset), see bench/RESULTS.md.
     cluster_by: dict[str, list[str]] = Field(

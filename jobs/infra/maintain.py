@@ -60,15 +60,28 @@ def layout(spark: SparkSession, settings: Settings, name: str) -> None:
         spark.sql(f"ALTER TABLE {_sql_path(path)} CLUSTER BY ({', '.join(wanted)})")
 
 
-def vacuum(spark: SparkSession, path: str, hours: float) -> None:
+LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+
+
+def vacuum(spark: SparkSession, path: str, hours: float, listing_parallelism: int | None = None) -> None:
+    """VACUUM with the given retention; its file listing runs `listing_parallelism` tasks per stage (None: the
+    cluster's cores) rather than Spark's 10,000 (maintain.vacuum_listing_parallelism)."""
     # Delta refuses retention under 7 days unless told: the retention is the config's explicit choice.
-    check = "spark.databricks.delta.retentionDurationCheck.enabled"
-    before = spark.conf.get(check, "true")
-    spark.conf.set(check, "false")
+    confs = {
+        "spark.databricks.delta.retentionDurationCheck.enabled": "false",
+        LISTING_PARALLELISM: str(listing_parallelism or spark.sparkContext.defaultParallelism),
+    }
+    before = {key: spark.conf.get(key, None) for key in confs}
+    for key, value in confs.items():
+        spark.conf.set(key, value)
     try:
         DeltaTable.forPath(spark, path).vacuum(hours)
     finally:
-        spark.conf.set(check, before)
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 def run(spark: SparkSession, settings: Settings, names: list[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -82,7 +95,7 @@ def run(spark: SparkSession, settings: Settings, names: list[str] | None = None)
         before = files(spark, path)
         layout(spark, settings, name)
         DeltaTable.forPath(spark, path).optimize().executeCompaction()
-        vacuum(spark, path, settings.maintain.retention_hours)
+        vacuum(spark, path, settings.maintain.retention_hours, settings.maintain.vacuum_listing_parallelism)
         report[name] = {"files_before": before, "files_after": files(spark, path),
                         "seconds": round(time.time() - started, 1)}
         log.info("[maintain] %s: %d -> %d files in %.1f s", name, before, report[name]["files_after"],
