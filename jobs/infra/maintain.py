@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 
 from jobs.infra import tables
 from jobs.infra.config import Settings, resolve_path
+from jobs.infra.session import session_confs
 
 log = logging.getLogger(__spec__.name)
 
@@ -71,17 +72,8 @@ def vacuum(spark: SparkSession, path: str, hours: float, listing_parallelism: in
         "spark.databricks.delta.retentionDurationCheck.enabled": "false",
         LISTING_PARALLELISM: str(listing_parallelism or spark.sparkContext.defaultParallelism),
     }
-    before = {key: spark.conf.get(key, None) for key in confs}
-    for key, value in confs.items():
-        spark.conf.set(key, value)
-    try:
+    with session_confs(spark, confs):
         DeltaTable.forPath(spark, path).vacuum(hours)
-    finally:
-        for key, value in before.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
 
 
 def run(spark: SparkSession, settings: Settings, names: list[str] | None = None) -> dict[str, dict[str, Any]]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -72,3 +74,20 @@ def build_session(spark: SparkSettings, extra: dict[str, str] | None = None) -> 
     session.sparkContext.setLogLevel(spark.log_level)
     return session
 
+
+
+@contextlib.contextmanager
+def session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
+    """Set runtime SQL settings for the duration of a block; each goes back to its value before (unset where it
+    had none), also when the block raises."""
+    before = {key: spark.conf.get(key, None) for key in confs}
+    for key, value in confs.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)

@@ -28,6 +28,7 @@ from jobs.infra import maintain, tables
 from jobs.infra.config import Settings, resolve_path
 from jobs.infra.maintain import RUN_METADATA
 from jobs.infra.progress import Progress, bar_wanted
+from jobs.infra.session import session_confs
 from jobs.infra.tracking import JobRun, tracking_uri
 from schemas import chain_scores as CS
 from schemas import chains as C
@@ -375,16 +376,11 @@ def run(
     ctx = Context(spark, settings, tracked.local_id, transforms or Transforms())
     # Every Delta commit of this run carries its id: `python -m jobs.infra.maintain restore --run ID` finds the
     # versions before a bad night from the tables' own history.
-    previous = spark.conf.get(RUN_METADATA, None)
-    spark.conf.set(RUN_METADATA, ctx.run_id)
-    try:
-        return _run(ctx, tracked)
-    finally:
-        tables.release_table_state(spark)
-        if previous is None:
-            spark.conf.unset(RUN_METADATA)
-        else:
-            spark.conf.set(RUN_METADATA, previous)
+    with session_confs(spark, {RUN_METADATA: ctx.run_id}):
+        try:
+            return _run(ctx, tracked)
+        finally:
+            tables.release_table_state(spark)
 
 
 def _run(ctx: Context, tracked: JobRun) -> Summary:
