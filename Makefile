@@ -40,12 +40,18 @@ setup: $(STAMP)
 data: setup
 	$(PYTHON) -m jobs.infra.data fetch --all $(if $(FROM),--from $(FROM))
 
-# The `small` model profile's real NLI model (models/nli-small): the pip MiniLM-L6 fine-tuned on SICK train+trial
-# and ANLI dev r1-r3 (python -m jobs.receval.train_nli, its defaults), about 75 min on 2 cores (README). `make run`
-# uses it once built. Needs the sick and p3_heldout datasets (`make data`).
+# The `small` model profile's trained models, each built only when missing (its training record marks a finished
+# run): the NLI model (models/nli-small: the pip MiniLM-L6 fine-tuned on SICK train+trial and ANLI dev r1-r3,
+# python -m jobs.receval.train_nli, about 75 min on 2 cores) and the PVI models g, g' and the information-gain
+# model (models/pvi-small/<kind>: small T5s from random weights on EntailmentBank task_1 train, early-stopped on
+# dev, python -m jobs.receval.train_pvi; times in the README). `make run` uses the profile once all are built.
 models: setup
-	$(PYTHON) -m jobs.infra.data fetch sick p3_heldout $(if $(FROM),--from $(FROM))
-	$(PYTHON) -m jobs.receval.train_nli $(ARGS)
+	$(PYTHON) -m jobs.infra.data fetch sick p3_heldout entailment_bank $(if $(FROM),--from $(FROM))
+	@test -f models/nli-small/train_nli.json || $(PYTHON) -m jobs.receval.train_nli $(ARGS)
+	@for kind in g g_null info_gain; do \
+	  test -f models/pvi-small/$$kind/train_pvi.json || \
+	  $(PYTHON) -m jobs.receval.train_pvi --set models.profile=small --set train_pvi.kind=$$kind $(ARGS) || exit 1; \
+	done
 
 # The main job on the bundled sample lake, embedded Spark, offline model profile.
 run: setup

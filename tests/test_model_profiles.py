@@ -9,20 +9,33 @@ import pytest
 
 from jobs.infra.config import load_settings, random_models_note, small_built, with_built_models
 
+TRAINED = {"models/nli-small": "train_nli.json", "models/pvi-small/g": "train_pvi.json",
+           "models/pvi-small/g_null": "train_pvi.json", "models/pvi-small/info_gain": "train_pvi.json"}
 
-def build_small(root: Path) -> Path:
-    folder = root / "models" / "nli-small"
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text("{}")
-    (folder / "train_nli.json").write_text("{}")
+
+def build_small(root: Path, skip: str | None = None) -> Path:
+    """The folders `make models` leaves (config + the training record), all but `skip`."""
+    for folder, record in TRAINED.items():
+        if folder != skip:
+            (root / folder).mkdir(parents=True)
+            (root / folder / "config.json").write_text("{}")
+            (root / folder / record).write_text("{}")
     return root
 
 
-def test_small_profile_uses_the_trained_nli_model_and_offline_for_the_rest():
+def test_small_profile_uses_the_trained_models_and_offline_for_the_rest():
     small = load_settings(overrides=["models.profile=small"], environ={})
     offline = load_settings(environ={})
     assert small.models.nli.path == "models/nli-small" and small.models.nli.family == "nli"
-    assert small.models.model_dump(exclude={"profile", "nli"}) == offline.models.model_dump(exclude={"profile", "nli"})
+    trained = {"pvi_g": "g", "pvi_null": "g_null", "info_gain": "info_gain"}
+    for role, kind in trained.items():
+        ref = getattr(small.models, role)
+        assert (ref.path, ref.family) == (f"models/pvi-small/{kind}", "seq2seq")
+    assert small.models.require_trained_pvi and small.pvi.info_gain_family == "seq2seq"
+    # the small PVI models are trained by train_pvi from scratch into the folders the profile names
+    assert (small.train_pvi.base_model, small.train_pvi.output_dir) == ("scratch", "models/pvi-small")
+    same = {"profile", "nli", "require_trained_pvi", *trained}
+    assert small.models.model_dump(exclude=same) == offline.models.model_dump(exclude=same)
     assert small.scoring_hash() != offline.scoring_hash()  # scores of the two profiles never mix in the lake
 
 
@@ -32,6 +45,9 @@ def test_with_built_models_adds_small_only_when_built_and_nobody_chose(tmp_path)
     (tmp_path / "models" / "nli-small").mkdir(parents=True)
     (tmp_path / "models" / "nli-small" / "config.json").write_text("{}")
     assert not small_built(tmp_path) and with_built_models([], {}, tmp_path) == []
+    # every trained model of the profile is needed: one kind missing is not built
+    for missing in TRAINED:
+        assert not small_built(build_small(tmp_path / missing.replace("/", "_"), skip=missing)), missing
     root = tmp_path / "built"
     build_small(root)
     assert small_built(root)

@@ -203,9 +203,23 @@ class PviSettings(Section):
     empty_premises: Literal["empty_join", "none"] = "empty_join"
 
 
+class ScratchT5Settings(Section):
+    """`train_pvi.base_model: scratch`: a T5 trained from random weights, with a byte-level BPE tokenizer trained
+    on the training split's own strings (all three kinds', so g, g' and the info-gain model of one split share
+    one tokenizer: PVI subtracts log-likelihoods of the same target tokens). Deterministic for a split and seed."""
+
+    d_model: int = Field(256, ge=8)
+    layers: int = Field(4, ge=1)  # encoder and decoder each
+    heads: int = Field(4, ge=1)
+    d_ff: int = Field(1024, ge=8)
+    vocab: int = Field(8000, ge=300)
+
+
 class TrainPviSettings(Section):
     kind: Literal["g", "g_null", "info_gain"] = "g"
+    # A model folder or HF id to fine-tune, or `scratch` (train_pvi.scratch: a T5 built from random weights).
     base_model: str = "models/tiny-t5"
+    scratch: ScratchT5Settings = Field(default_factory=ScratchT5Settings)
     # EB task_1 train (1,313 trees) to train, dev (187) to early-stop; never test, which the EB-challenge is built
     # from (train_pvi refuses a path to EB test trees). The EB paper's processed TSVs or EB v2 jsonl both read.
     train_path: str = "${paths.data}/receval/entailment_bank/data/processed_data/tsvs/task_1/train.tsv"
@@ -1002,12 +1016,16 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 # --- the model profile `make run` uses --------------------------------------------------------------------------
 
 SMALL_NLI = "models/nli-small"  # written by `make models` (jobs.receval.train_nli); the `small` profile's NLI model
+SMALL_PVI = "models/pvi-small"  # written by `make models` (jobs.receval.train_pvi): <dir>/g, g_null, info_gain
 
 
 def small_built(root: str | os.PathLike[str] = PROJECT_ROOT) -> bool:
-    """True once `make models` has trained the small profile's NLI model (train_nli.json marks a finished run)."""
-    folder = Path(root) / SMALL_NLI
-    return (folder / "config.json").exists() and (folder / "train_nli.json").exists()
+    """True once `make models` has trained every model of the small profile: the NLI model (train_nli.json marks
+    a finished run) and the three PVI models (train_pvi.json in each kind's folder)."""
+    nli = Path(root) / SMALL_NLI
+    pvi = [Path(root) / SMALL_PVI / kind for kind in ("g", "g_null", "info_gain")]
+    return ((nli / "config.json").exists() and (nli / "train_nli.json").exists()
+            and all((p / "config.json").exists() and (p / "train_pvi.json").exists() for p in pvi))
 
 
 def with_built_models(argv: Sequence[str], environ: Mapping[str, str] | None = None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ Let's think step by step. [ANSWER] Options: (A) True (B) False (C) Yes (D) No.
 """
 
 
-def _train_bpe(vocab_size: int, special: list[str]):
+def _train_bpe(vocab_size: int, special: list[str], corpus: Sequence[str] | None = None):
+    """Byte-level BPE trained on `corpus` (default: the built-in lines); deterministic for the same lines."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -41,7 +43,7 @@ def _train_bpe(vocab_size: int, special: list[str]):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    lines = [line for line in _CORPUS.splitlines() if line.strip()] * 4
+    lines = list(corpus) if corpus is not None else [line for line in _CORPUS.splitlines() if line.strip()] * 4
     tok.train_from_iterator(lines, trainer=trainer)
     return tok
 
@@ -56,12 +58,17 @@ def _save(model, tok, out: Path, **special: Any) -> Path:
     return out
 
 
-def build_t5(out: Path, d_model: int = 32, layers: int = 2, heads: int = 2, vocab: int = 600, seed: int = 0) -> Path:
+def build_t5(
+    out: Path, d_model: int = 32, layers: int = 2, heads: int = 2, vocab: int = 600, seed: int = 0,
+    d_ff: int | None = None, corpus: Sequence[str] | None = None,
+) -> Path:
+    """A random T5 whose tokenizer is trained on `corpus` (default: the built-in lines); `train_pvi`'s scratch
+    base is this builder at a trainable size with its training split as the corpus."""
     import torch
     from tokenizers import processors
     from transformers import T5Config, T5ForConditionalGeneration
 
-    tok = _train_bpe(vocab, ["<pad>", "</s>", "<unk>"])
+    tok = _train_bpe(vocab, ["<pad>", "</s>", "<unk>"], corpus)
     eos = tok.token_to_id("</s>")
     tok.post_processor = processors.TemplateProcessing(
         single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", eos)]
@@ -71,7 +78,7 @@ def build_t5(out: Path, d_model: int = 32, layers: int = 2, heads: int = 2, voca
         vocab_size=tok.get_vocab_size(),
         d_model=d_model,
         d_kv=d_model // heads,
-        d_ff=d_model * 2,
+        d_ff=d_ff or d_model * 2,
         num_layers=layers,
         num_decoder_layers=layers,
         num_heads=heads,

@@ -282,7 +282,7 @@ TRAINED_KIND = {"pvi_g": "g", "pvi_null": "g_null"}
 
 
 def train_command(role: str, settings: Settings) -> str:
-    kind = TRAINED_KIND[role]
+    kind = {**TRAINED_KIND, "info_gain": "info_gain"}[role]
     profile = f" --set models.profile={settings.models.profile}" if settings.models.profile != "offline" else ""
     return f"python -m jobs.receval.train_pvi{profile} --set train_pvi.kind={kind}"
 
@@ -301,7 +301,12 @@ def check_trained(settings: Settings) -> None:
 
     if not settings.models.require_trained_pvi:
         return
-    for role, kind in TRAINED_KIND.items():
+    roles = dict(TRAINED_KIND)
+    if settings.pvi.info_gain_family == "seq2seq":
+        # A seq2seq L(k) model answers train_pvi's "Generate final answer:" task (the small profile's); a causal
+        # info-gain model is a plain LM, as in the official code, and needs no training.
+        roles["info_gain"] = "info_gain"
+    for role, kind in roles.items():
         path = getattr(settings.models, role).path
         folder = Path(runtime.resolve_model_path(path))
         record = folder / "train_pvi.json"

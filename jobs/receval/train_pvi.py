@@ -36,6 +36,7 @@ from jobs.receval import pvi_scores as P
 log = logging.getLogger(__spec__.name)
 
 KINDS = ("g", "g_null", "info_gain")
+SCRATCH = "scratch"  # train_pvi.base_model: a T5 from random weights (train_pvi.scratch), tokenizer from the split
 
 
 # --- training pairs (plain Python) -------------------------------------------------------------------------
@@ -108,6 +109,28 @@ def build_pairs(
 ) -> list[tuple[str, str]]:
     pairs = [p for row in rows for p in chain_pairs(row, kind, empty_premises)]
     return pairs[:limit] if limit is not None else pairs
+
+
+def corpus(rows: Iterable[Mapping[str, Any]], empty_premises: str = "empty_join") -> list[str]:
+    """Every distinct source and target string the three kinds train on, in first-seen order: the scratch
+    tokenizer's corpus. The same for every kind, so g, g' and the info-gain model share one tokenizer."""
+    seen: dict[str, None] = {}
+    for row in rows:
+        for kind in KINDS:
+            for source, target in chain_pairs(row, kind, empty_premises):
+                seen.setdefault(source, None)
+                seen.setdefault(target, None)
+    return list(seen)
+
+
+def build_scratch_base(texts: Sequence[str], cfg: TrainPviSettings, out: Path) -> Path:
+    """A random T5 of `cfg.scratch`'s size with a byte-level BPE tokenizer trained on `texts` (the training split:
+    never dev or test), written to `out`; identical for the same texts and seed."""
+    from jobs.infra.tiny_models import build_t5
+
+    s = cfg.scratch
+    return build_t5(out, d_model=s.d_model, layers=s.layers, heads=s.heads, vocab=s.vocab, seed=cfg.seed,
+                    d_ff=s.d_ff, corpus=texts)
 
 
 def is_eb_test(path: str | Path, settings: Settings) -> bool:
@@ -255,17 +278,25 @@ def run(settings: Settings, job=None) -> tuple[Path, list[dict[str, float]]]:
     cfg = settings.train_pvi
     check_split(settings)
     empty = settings.pvi.empty_premises
-    train_pairs = build_pairs(load_rows(cfg.train_path), cfg.kind, cfg.max_train_rows, empty)
+    train_rows = load_rows(cfg.train_path)
+    train_pairs = build_pairs(train_rows, cfg.kind, cfg.max_train_rows, empty)
     dev_pairs = build_pairs(load_rows(cfg.dev_path), cfg.kind, cfg.max_dev_rows, empty)
     if not train_pairs or not dev_pairs:
         raise ValueError(f"no training ({len(train_pairs)}) or dev ({len(dev_pairs)}) pairs for kind {cfg.kind!r}")
     out = output_dir(settings)
+    if cfg.base_model == SCRATCH:
+        # Built beside the kinds' folders; every kind rebuilds the same base (same split, same seed).
+        base = build_scratch_base(corpus(train_rows, empty), cfg, out.parent / f"{SCRATCH}-base")
+        log.info(f"[train_pvi] scratch base: T5 {cfg.scratch.model_dump()} with a BPE tokenizer trained on "
+                 f"{cfg.train_path} -> {base}")
+        cfg = cfg.model_copy(update={"base_model": str(base)})
     history = train(train_pairs, dev_pairs, cfg, out, task_device(settings.runtime.device), settings.log.progress_seconds)
     # train_pvi.json beside the weights marks a trained checkpoint of this kind (models.require_trained_pvi).
     best_epoch = next(int(h["epoch"]) for h in history if h["kept"])
     (out / "train_pvi.json").write_text(json.dumps({"kind": cfg.kind, "best_epoch": best_epoch, "history": history,
                                                     "empty_premises": empty,
-                                                    "settings": cfg.model_dump(mode="json")}, indent=1))
+                                                    "base_model_dir": cfg.base_model,
+                                                    "settings": settings.train_pvi.model_dump(mode="json")}, indent=1))
     if job is not None:
         job.log_metrics({"train_pairs": len(train_pairs), "dev_pairs": len(dev_pairs), "epochs_run": len(history),
                          "best_epoch": best_epoch,

@@ -64,6 +64,61 @@ def test_build_pairs_real_eb_dev_counts_one_g_pair_per_proof_step():
     assert all(s.startswith("Generate entailed sentence: ") and s.endswith(" ->") for s, _ in pairs)
 
 
+def test_corpus_is_every_kinds_strings_once_in_first_seen_order():
+    texts = T.corpus([EB_ROW, EB_ROW])
+    expected = []
+    for kind in T.KINDS:
+        for pair in T.chain_pairs(EB_ROW, kind):
+            expected += [t for t in pair if t not in expected]
+    assert texts == expected
+    assert "Generate entailed sentence: None ->" in texts and " the coat helps survival" in texts
+
+
+SCRATCH = {"d_model": 32, "layers": 1, "heads": 2, "d_ff": 64, "vocab": 400}  # test-sized scratch T5
+
+
+def test_scratch_base_is_deterministic_and_its_tokenizer_round_trips(tmp_path, settings):
+    from transformers import AutoTokenizer
+
+    cfg = settings.train_pvi.model_copy(update={"scratch": settings.train_pvi.scratch.model_copy(update=SCRATCH)})
+    texts = T.corpus(T.load_rows(EB_DEV))
+    one = T.build_scratch_base(texts, cfg, tmp_path / "one")
+    two = T.build_scratch_base(texts, cfg, tmp_path / "two")
+    for name in ("tokenizer.json", "model.safetensors"):
+        assert (one / name).read_bytes() == (two / name).read_bytes(), name
+    config = json.loads((one / "config.json").read_text())
+    assert (config["model_type"], config["d_model"], config["num_layers"], config["d_ff"]) == ("t5", 32, 1, 64)
+    tok = AutoTokenizer.from_pretrained(one)
+    assert tok.vocab_size == 400
+    # Byte-level BPE: any text, seen or not, decodes back exactly; EOS closes every target (the model learns to
+    # stop; scoring leaves EOS out of meanlogp).
+    for text in (texts[0], " a coat keeps warm", "Öl & 水 -> 42%"):
+        ids = tok(text)["input_ids"]
+        assert ids[-1] == tok.eos_token_id and tok.decode(ids, skip_special_tokens=True) == text
+
+
+def test_run_from_scratch_gives_every_kind_one_tokenizer(make_settings, tmp_path):
+    from transformers import AutoTokenizer
+
+    scratch = [f"train_pvi.scratch.{k}={v}" for k, v in SCRATCH.items()]
+    folders = {}
+    for kind in T.KINDS:
+        settings = make_settings("train_pvi.base_model=scratch", f"train_pvi.kind={kind}", f"train_pvi.train_path={EB_DEV}",
+                                 f"train_pvi.dev_path={EB_DEV}", f"train_pvi.output_dir={tmp_path / 'pvi'}",
+                                 "train_pvi.epochs=1", "train_pvi.max_steps=2", "train_pvi.max_dev_rows=2",
+                                 "train_pvi.eval_max_new_tokens=4", *scratch)
+        folders[kind], _ = T.run(settings)
+        record = json.loads((folders[kind] / "train_pvi.json").read_text())
+        assert record["kind"] == kind and record["settings"]["base_model"] == "scratch"
+        assert record["base_model_dir"] == str(tmp_path / "pvi" / "scratch-base")
+    # PVI subtracts g' log-likelihoods from g's for the same target tokens: one tokenizer for all three kinds.
+    vocabs = {kind: (folder / "tokenizer.json").read_bytes() for kind, folder in folders.items()}
+    assert len(set(vocabs.values())) == 1
+    target = " a coat keeps warm"
+    ids = {kind: AutoTokenizer.from_pretrained(folder)(target)["input_ids"] for kind, folder in folders.items()}
+    assert ids["g"] == ids["g_null"] == ids["info_gain"]
+
+
 @pytest.mark.slow
 def test_main_trains_logs_model_and_scoring_loads_it(make_settings, tmp_path, spark):
     import mlflow
