@@ -208,11 +208,12 @@ class ScratchT5Settings(Section):
     on the training split's own strings (all three kinds', so g, g' and the info-gain model of one split share
     one tokenizer: PVI subtracts log-likelihoods of the same target tokens). Deterministic for a split and seed."""
 
-    d_model: int = Field(256, ge=8)
-    layers: int = Field(4, ge=1)  # encoder and decoder each
+    # Sized for 2 CPU cores (bench/RESULTS.md "Small PVI models"): 1.4M parameters, ~0.36 s per batch of 16.
+    d_model: int = Field(128, ge=8)
+    layers: int = Field(2, ge=1)  # encoder and decoder each
     heads: int = Field(4, ge=1)
-    d_ff: int = Field(1024, ge=8)
-    vocab: int = Field(8000, ge=300)
+    d_ff: int = Field(512, ge=8)
+    vocab: int = Field(4000, ge=300)
 
 
 class TrainPviSettings(Section):

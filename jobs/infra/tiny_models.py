@@ -60,10 +60,12 @@ def _save(model, tok, out: Path, **special: Any) -> Path:
 
 def build_t5(
     out: Path, d_model: int = 32, layers: int = 2, heads: int = 2, vocab: int = 600, seed: int = 0,
-    d_ff: int | None = None, corpus: Sequence[str] | None = None,
+    d_ff: int | None = None, corpus: Sequence[str] | None = None, tie: bool = False,
 ) -> Path:
     """A random T5 whose tokenizer is trained on `corpus` (default: the built-in lines); `train_pvi`'s scratch
-    base is this builder at a trainable size with its training split as the corpus."""
+    base is this builder at a trainable size with its training split as the corpus. `tie`: the output layer
+    shares the input embeddings and the decoder output is scaled by d_model^-0.5 (T5's own setup); untied, HF
+    draws the output layer with std 1, so a model to be trained starts at a loss of ~46 instead of ln(vocab)."""
     import torch
     from tokenizers import processors
     from transformers import T5Config, T5ForConditionalGeneration
@@ -85,7 +87,7 @@ def build_t5(
         pad_token_id=tok.token_to_id("<pad>"),
         eos_token_id=eos,
         decoder_start_token_id=tok.token_to_id("<pad>"),
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie,
     )
     model = T5ForConditionalGeneration(config).eval()
     return _save(model, tok, out, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")

@@ -130,7 +130,7 @@ def build_scratch_base(texts: Sequence[str], cfg: TrainPviSettings, out: Path) -
 
     s = cfg.scratch
     return build_t5(out, d_model=s.d_model, layers=s.layers, heads=s.heads, vocab=s.vocab, seed=cfg.seed,
-                    d_ff=s.d_ff, corpus=texts)
+                    d_ff=s.d_ff, corpus=texts, tie=True)
 
 
 def is_eb_test(path: str | Path, settings: Settings) -> bool:
@@ -277,6 +277,11 @@ def run(settings: Settings, job=None) -> tuple[Path, list[dict[str, float]]]:
 
     cfg = settings.train_pvi
     check_split(settings)
+    if settings.runtime.torch_threads:
+        import torch
+
+        # As the scoring UDFs do: beside other work on few cores, more threads than free cores spin and stall.
+        torch.set_num_threads(settings.runtime.torch_threads)
     empty = settings.pvi.empty_premises
     train_rows = load_rows(cfg.train_path)
     train_pairs = build_pairs(train_rows, cfg.kind, cfg.max_train_rows, empty)

@@ -127,3 +127,38 @@ def test_ablation_variants_are_valid_overrides_and_start_with_the_defaults():
         hashes = [load_settings(overrides=o, environ={}).scoring_hash() for o in variants.values()]
         assert hashes[0] == defaults.scoring_hash(), name
         assert len(set(hashes)) == len(hashes), name  # every variant scores differently
+
+
+@pytest.mark.slow
+@pytest.mark.dataset("entailment_bank")
+def test_boundary_ablation_end_to_end_tiny(spark, make_settings, tiny_models, tmp_path):
+    """One command: 4 trees per type perturbed once, scored under both boundary variants with the tiny models;
+    the `whole` variant's chains are one step each, the default's are the proof steps."""
+    from pyspark.sql import functions as F
+
+    from schemas import steps as S
+
+    settings = make_settings()
+    argv = ["boundary", "--out", str(tmp_path / "out")]
+    for pair in [f"paths.lake={settings.paths.lake}", f"paths.checkpoints={settings.paths.checkpoints}",
+                 f"mlflow.tracking_uri={settings.mlflow.tracking_uri}",
+                 f"mlflow.artifact_location={settings.mlflow.artifact_location}", "spark.master=local[2]",
+                 "perturb.max_rows=4", "perturb.types=[HALL,NEG]", "meta_eval.bootstrap_resamples=20",
+                 "meta_eval.metrics=[intra_entail_min,inter_min]", "pipeline.progress=plain"]:
+        argv += ["--set", pair]
+    table = E.main(argv)
+    assert (tmp_path / "out" / "boundary.md").read_text() == table
+    lines = table.splitlines()
+    for metric in ("intra_entail_min", "inter_min"):
+        at = lines.index(f"#### {metric}")
+        assert lines[at + 2] == "| variant | HALL | NEG |"
+        body = lines[at + 4 : at + 6]
+        assert [b.split(" | ")[0] for b in body] == ["| " + v for v in E.ABLATIONS["boundary"]]
+        assert all(b.count("(4)") == 2 for b in body), body  # every cell: D over the type's 4 chains
+    hashes = {v: E.variant_settings(argv[4::2], o).scoring_hash() for v, o in E.ABLATIONS["boundary"].items()}
+    steps = tables.read(spark, settings.table("steps"))
+    per_chain = {v: [r["n"] for r in steps.where(F.col(S.CONFIG_HASH) == h).groupBy(S.CHAIN_ID)
+                     .agg(F.count(F.lit(1)).alias("n")).collect()] for v, h in hashes.items()}
+    assert len(per_chain["whole chain as one step"]) == 8 and set(per_chain["whole chain as one step"]) == {1}
+    assert len(per_chain["one step per proof step (default)"]) == 8
+    assert min(per_chain["one step per proof step (default)"]) >= 2  # trees kept have >= 2 proof steps
