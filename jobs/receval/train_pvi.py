@@ -249,7 +249,6 @@ def train(
             history.append({"epoch": epoch, "train_loss": total / max(seen, 1), "dev_loss": dev_loss,
                             "dev_rouge_l": rouge_l, "optimizer_steps": steps, "epoch_seconds": time.time() - started,
                             "kept": 0.0})
-            log.info(f"[train_pvi] epoch {epoch}: {history[-1]}")
             if rouge_l > best + cfg.min_delta:
                 best, stale = rouge_l, 0
                 for h in history:
@@ -259,9 +258,10 @@ def train(
                 tokenizer.save_pretrained(out_dir)
             else:
                 stale += 1
-                if stale >= cfg.patience:
-                    log.info(f"[train_pvi] early stop: dev ROUGE-L did not improve for {stale} epochs")
-                    break
+            log.info(f"[train_pvi] epoch {epoch}: {history[-1]}")  # after the choice: `kept` is this epoch's
+            if stale >= cfg.patience:
+                log.info(f"[train_pvi] early stop: dev ROUGE-L did not improve for {stale} epochs")
+                break
             if cfg.max_steps is not None and steps >= cfg.max_steps:
                 break
     return history
