@@ -351,7 +351,9 @@ class AggregateSettings(Section):
 
 class PerturbSettings(Section):
     eb_task1_test: str = "${paths.data}/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_1/test.jsonl"
-    eb_task2_test: str = "${paths.data}/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_2/test.jsonl"
+    # None: no distractors (HALL and RED are then reported as not produced); for a split without a task_2 file,
+    # e.g. the EB-challenge built from task_1 dev (the paper's ablations), docs/META_EVAL.md.
+    eb_task2_test: str | None = "${paths.data}/receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_2/test.jsonl"
     types: list[str] = Field(default_factory=lambda: ["HALL", "NEG", "SWAP", "REP", "PAR", "RED", "REMOVE"])
     seed: int = 0
     clean_fraction: float = Field(0.5, ge=0, le=1)

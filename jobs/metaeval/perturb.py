@@ -177,7 +177,9 @@ def perturb_tree(kind: str, row: dict[str, Any], task2_row: dict[str, Any], chai
 def kept_rows(cfg: PerturbSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
     """Task_1 trees with >= min_steps steps, their task_2 rows (same order, checked by id), unique chain ids."""
     task1 = EB.load_jsonl(resolve_path(cfg.eb_task1_test))
-    task2 = EB.load_jsonl(resolve_path(cfg.eb_task2_test))
+    # No task_2 file (a split EntailmentBank ships without one here, e.g. dev): no distractors; HALL and RED,
+    # which need them, are reported as not produced (`resources`).
+    task2 = EB.load_jsonl(resolve_path(cfg.eb_task2_test)) if cfg.eb_task2_test else [{"id": r["id"]} for r in task1]
     if [r["id"] for r in task1] != [r["id"] for r in task2]:
         raise ValueError("EB task_1 and task_2 test files do not hold the same ids in the same order")
     ids = EB.chain_ids(task1)
@@ -273,10 +275,17 @@ class Paraphraser:
         return out
 
 
+DISTRACTOR_TYPES = {"HALL", "RED"}  # their new sentence is a task_2 distractor
+
+
 def resources(settings: Settings, kinds: Sequence[str]) -> tuple[Resources, dict[str, str]]:
     """Load what the requested types need; a type whose resource is missing is reported, not produced."""
     skipped: dict[str, str] = {}
     negate = paraphrase = None
+    if not settings.perturb.eb_task2_test:
+        for kind in DISTRACTOR_TYPES & set(kinds):
+            skipped[kind] = ("not produced: perturb.eb_task2_test is not set, and this type draws its sentence from "
+                             "the task_2 distractors of the tree")
     if "NEG" in kinds:
         import spacy
 

@@ -90,7 +90,8 @@ def refuse_evaluation_data(path: str | Path, settings: Settings | None = None) -
     if settings is not None:
         for p in (settings.perturb.eb_task1_test, settings.perturb.eb_task2_test, settings.human_labels.annotated,
                   settings.human_labels.generated):
-            configured.add(resolve_path(p).resolve())
+            if p:
+                configured.add(resolve_path(p).resolve())
     if named or resolved in configured:
         raise BadTrainingInput(
             f"{path}: refused, this is EntailmentBank or ROSCOE data, on which the correctness metrics are "

@@ -137,7 +137,8 @@ def is_eb_test(path: str | Path, settings: Settings) -> bool:
     """True for EntailmentBank test trees: the perturbation job's inputs, or any file named *test* in an
     entailment_bank folder (EB v2 jsonl, the processed TSVs, the test excerpts under tests/data)."""
     resolved = resolve_path(path).resolve()
-    perturbed = {resolve_path(p).resolve() for p in (settings.perturb.eb_task1_test, settings.perturb.eb_task2_test)}
+    perturbed = {resolve_path(p).resolve() for p in (settings.perturb.eb_task1_test, settings.perturb.eb_task2_test)
+                 if p}
     in_eb = any("entailment_bank" in part for part in resolved.parts)
     return resolved in perturbed or (in_eb and "test" in resolved.name.lower())
 

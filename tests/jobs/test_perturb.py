@@ -6,7 +6,7 @@ import pytest
 from conftest import require_datasets
 
 from jobs.infra import tables
-from jobs.infra.config import PerturbSettings
+from jobs.infra.config import PerturbSettings, resolve_path
 from jobs.metaeval import perturb as P
 from schemas import chains as C
 from udfs import entailment_bank as EB
@@ -183,3 +183,23 @@ def test_run_writes_chains_once(spark, make_settings):
     chains = tables.read(spark, settings.table("chains"))
     assert {r[C.DATASET]: r["count"] for r in chains.groupBy(C.DATASET).count().collect()} == {
         "eb_challenge_REP": 10, "eb_challenge_REMOVE": 10}
+
+
+def test_dev_split_without_task2_builds_every_type_but_the_distractor_ones(make_settings, res):
+    """The EB-challenge from task_1 dev (the paper's ablations): EntailmentBank has no task_2 dev file here, so
+    HALL and RED (their sentence is a task_2 distractor) are reported as not produced, the rest are built."""
+    require_datasets("entailment_bank")
+    settings = make_settings("perturb.eb_task1_test=${paths.data}/receval/entailment_bank/data/public_dataset/"
+                             "entailment_trees_emnlp2021_data_v2/dataset/task_1/dev.jsonl",
+                             "perturb.eb_task2_test=null", "perturb.dataset_prefix=eb_challenge_dev")
+    rows, task2, ids = P.kept_rows(settings.perturb)
+    dev = EB.load_jsonl(resolve_path(settings.perturb.eb_task1_test))
+    assert len(dev) == 187  # task_1 dev trees; the official filter keeps those with >= 2 steps
+    assert [r["id"] for r in rows] == [r["id"] for r in dev if len(EB.parse_proof(r["proof"])) >= 2]
+    assert [t["id"] for t in task2] == [r["id"] for r in rows] and not any("meta" in t for t in task2)
+    _, skipped = P.resources(settings, ["HALL", "RED", "SWAP", "REMOVE"])
+    assert set(skipped) == {"HALL", "RED"} and all("eb_task2_test" in v for v in skipped.values())
+    for kind in ("SWAP", "REMOVE", "NEG"):
+        built = P.build(kind, rows[:10], task2[:10], ids[:10], settings.perturb, res)
+        assert sum(r[C.LABELS][kind] == P.PERTURBED for r in built) == 5
+        assert all(r[C.DATASET] == f"eb_challenge_dev_{kind}" for r in built)
