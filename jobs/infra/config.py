@@ -231,7 +231,10 @@ class TrainPviSettings(Section):
     weight_decay: float = Field(0.1, ge=0)
     epochs: int = Field(10, ge=1)
     batch_size: int = Field(16, ge=1)
-    # Early stopping: epochs without a dev ROUGE-L gain larger than min_delta.
+    # Early stopping: epochs without a dev gain larger than min_delta, on `select_on`: rouge_l (the paper's: of
+    # greedy generations) or loss (dev cross-entropy, the log-likelihood PVI is made of; for g', whose input is
+    # the same "None ->" for every pair, ROUGE-L is that of one generated sentence against every conclusion).
+    select_on: Literal["rouge_l", "loss"] = "rouge_l"
     patience: int = Field(2, ge=1)
     min_delta: float = Field(0.0, ge=0)
     max_steps: int | None = Field(None, ge=1)  # optimizer steps over all epochs (smoke runs)
@@ -1057,4 +1060,5 @@ def random_models_note(settings: Settings) -> str | None:
     if settings.models.profile != "offline" or Path(settings.models.nli.path).name != "tiny-nli":
         return None
     return ("NOTE: these scores come from tiny RANDOM models (models.profile=offline) and mean nothing. Build the "
-            "`small` profile's real NLI model with `make models` (75 min on 2 shared cores, README); `make run` then uses it.")
+            "`small` profile's real models (NLI, PVI) with `make models` (about 2 h on 2 shared cores, README); "
+            "`make run` then uses them.")

@@ -9,7 +9,8 @@ Three kinds of model (docs/design/RECEVAL.md "Training the PVI models"), trained
 Recipe (paper): AdamW lr 3e-5, weight decay 0.1, 10 epochs, batch 16, early stopping on dev ROUGE-L
 (rouge-score), label padding -100; every value is in `train_pvi` settings. Split (defaults): EntailmentBank task_1
 train to train, task_1 dev to early-stop; a train or dev path to EB test trees (the EB-challenge's source) is
-refused before anything is read. The best dev-ROUGE-L epoch's model (not the last) is saved to
+refused before anything is read. The best dev epoch's model (dev ROUGE-L, or dev loss with
+`train_pvi.select_on: loss`; not the last epoch) is saved to
 `<train_pvi.output_dir>/<kind>` (point models.pvi_g.path / pvi_null.path / info_gain.path there) and logged to
 the MLflow run as the MLflow model `pvi_<kind>` (pyfunc; registered under `train_pvi.registered_model` when set)
 and as the artifact folder `model`.
@@ -201,8 +202,8 @@ def train(
     log_every: float = 30.0,
     evaluate_fn: Callable[..., tuple[float, float]] | None = None,
 ) -> list[dict[str, float]]:
-    """Fine-tune `cfg.base_model`; the best dev-ROUGE-L epoch is saved to `out_dir`. Returns per-epoch metrics,
-    `kept` = 1.0 on the epoch whose weights are in `out_dir` (the first epoch with the highest dev ROUGE-L, gains
+    """Fine-tune `cfg.base_model`; the best dev epoch (`cfg.select_on`) is saved to `out_dir`. Returns per-epoch
+    metrics, `kept` = 1.0 on the epoch whose weights are in `out_dir` (the first epoch with the best dev score, gains
     below `min_delta` not counting). Progress (optimizer steps done, rate, ETA) is logged at least every
     `log_every` seconds. `evaluate_fn` (default `evaluate`, same arguments) scores the dev pairs after each epoch."""
     evaluate_fn = evaluate_fn or evaluate
@@ -250,8 +251,9 @@ def train(
             history.append({"epoch": epoch, "train_loss": total / max(seen, 1), "dev_loss": dev_loss,
                             "dev_rouge_l": rouge_l, "optimizer_steps": steps, "epoch_seconds": time.time() - started,
                             "kept": 0.0})
-            if rouge_l > best + cfg.min_delta:
-                best, stale = rouge_l, 0
+            score = rouge_l if cfg.select_on == "rouge_l" else -dev_loss
+            if score > best + cfg.min_delta:
+                best, stale = score, 0
                 for h in history:
                     h["kept"] = float(h is history[-1])
                 out_dir.mkdir(parents=True, exist_ok=True)
@@ -261,7 +263,7 @@ def train(
                 stale += 1
             log.info(f"[train_pvi] epoch {epoch}: {history[-1]}")  # after the choice: `kept` is this epoch's
             if stale >= cfg.patience:
-                log.info(f"[train_pvi] early stop: dev ROUGE-L did not improve for {stale} epochs")
+                log.info(f"[train_pvi] early stop: dev {cfg.select_on} did not improve for {stale} epochs")
                 break
             if cfg.max_steps is not None and steps >= cfg.max_steps:
                 break

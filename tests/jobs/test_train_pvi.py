@@ -174,8 +174,8 @@ class ScriptedDev:
     """Dev evaluation whose ROUGE-L per epoch is given (the checkpoint choice must follow it); the dev loss is the
     model's real loss, and a copy of the weights is kept at every evaluation to compare with what was saved."""
 
-    def __init__(self, rouges: list[float]) -> None:
-        self.rouges, self.weights = rouges, []
+    def __init__(self, rouges: list[float], losses: list[float] | None = None) -> None:
+        self.rouges, self.losses, self.weights = rouges, losses, []
 
     def __call__(self, model, tokenizer, pairs, cfg, device):
         import torch
@@ -183,7 +183,8 @@ class ScriptedDev:
         self.weights.append({k: v.detach().clone() for k, v in model.state_dict().items()})
         with torch.inference_mode():
             loss = float(model(**T._collate(tokenizer, pairs, cfg, device)).loss)
-        return loss, self.rouges[len(self.weights) - 1]
+        epoch = len(self.weights) - 1
+        return (self.losses[epoch] if self.losses else loss), self.rouges[epoch]
 
 
 def saved_equals(folder: Path, weights: dict) -> bool:
@@ -206,6 +207,18 @@ def test_train_keeps_the_best_dev_epoch_not_the_last(tmp_path, settings):
     assert saved_equals(tmp_path / "m", dev.weights[1])
     assert not saved_equals(tmp_path / "m", dev.weights[3])  # the last epoch's weights were not kept
     assert not saved_equals(tmp_path / "m", dev.weights[2])
+
+
+def test_train_select_on_loss_keeps_the_lowest_dev_loss_epoch(tmp_path, settings):
+    # ROUGE-L would keep epoch 1 and stop after epoch 3; on dev loss epoch 3 (the lowest) is kept and epoch 4's
+    # rise, then epoch 5's, stop it (patience 2).
+    cfg = settings.train_pvi.model_copy(update={"epochs": 6, "patience": 2, "lr": 1e-3, "batch_size": 4,
+                                                "select_on": "loss"})
+    pairs = T.build_pairs([EB_ROW], "g")
+    dev = ScriptedDev([0.9, 0.1, 0.1, 0.1, 0.1, 0.1], losses=[5.0, 4.0, 3.0, 3.5, 3.2, 1.0])
+    history = T.train(pairs, pairs, cfg, tmp_path / "m", evaluate_fn=dev)
+    assert [(h["epoch"], h["kept"]) for h in history] == [(1, 0.0), (2, 0.0), (3, 1.0), (4, 0.0), (5, 0.0)]
+    assert saved_equals(tmp_path / "m", dev.weights[2]) and not saved_equals(tmp_path / "m", dev.weights[0])
 
 
 def test_train_early_stops_when_dev_rouge_stalls(tmp_path, settings):
