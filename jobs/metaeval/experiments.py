@@ -47,9 +47,7 @@ ABLATIONS: dict[str, dict[str, list[str]]] = {
     "history": {
         "all earlier conclusions (official)": [],
         "intra: none": ["nli.intra_history=none", "pvi.intra_history=none"],
-        "intra: last 1": ["nli.intra_history=1", "pvi.intra_history=1"],
         "inter: last 1": ["nli.inter_history=1"],
-        "inter: last 2": ["nli.inter_history=2"],
     },
     # Paper: sentence-level steps beat RCU-level and whole-chain steps. EB proofs arrive one step per proof step
     # (boundary "given"); `whole` joins them into one step whose units are extracted. RCU-level steps are not
