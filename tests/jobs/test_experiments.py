@@ -83,25 +83,28 @@ def meta_row(dataset: str, label: str, metric: str, d: float, config_hash: str) 
 
 
 def test_run_ablation_perturbs_once_and_reads_each_variants_own_rows(spark, make_settings, monkeypatch):
-    """The runner's plumbing with eb_challenge.run replaced: stages, the variant's overrides on top of the job's,
-    and the table built from the meta_eval rows of each variant's config hash only."""
+    """The runner's plumbing with eb_challenge.run (and the meta_eval table) replaced: stages, the variant's
+    overrides on top of the job's, and the table built from the meta_eval rows of each variant's config hash only
+    (the end-to-end test below reads the real table)."""
     base = make_settings()
     argv = [f"paths.lake={base.paths.lake}", "mlflow.enabled=false", "perturb.types=[HALL,RED]",
             "meta_eval.metrics=[intra_entail_min]"]
-    calls = []
+    calls, written = [], []
 
     def fake_run(spark, settings, tracked, stages):
         calls.append((tuple(stages), settings.steps.boundary, settings.scoring_hash()))
         if "meta_eval" in stages:  # D depends on the variant, so a mix-up of config hashes shows
             d = 0.5 if settings.steps.boundary == "whole" else 0.9
-            rows = [meta_row(f"eb_challenge_{t}", t, "intra_entail_min", d, settings.scoring_hash())
-                    for t in ("HALL", "RED")]
-            df = tables.conform(spark.createDataFrame(rows, M.SCHEMA), M.SCHEMA)
-            tables.upsert(spark, df, settings.table("meta_eval"), M.SCHEMA, [M.DATASET, M.LABEL, M.METRIC,
-                                                                                M.CONFIG_HASH])
+            written.extend(meta_row(f"eb_challenge_{t}", t, "intra_entail_min", d, settings.scoring_hash())
+                           for t in ("HALL", "RED"))
         return {"table": ""}
 
+    def fake_read(spark, path, schema):  # the meta_eval table as the fake runs left it (every variant's rows)
+        assert path == base.table("meta_eval") and schema == M.SCHEMA
+        return spark.createDataFrame(written, M.SCHEMA)
+
     monkeypatch.setattr(E.eb_challenge, "run", fake_run)
+    monkeypatch.setattr(E.tables, "read", fake_read)
     from jobs.infra.tracking import job_run
 
     first = E.variant_settings(argv, [])
