@@ -278,11 +278,11 @@ OUTPUT_COLUMNS = [*SS.PVI_SCHEMA.fieldNames()[2:], SS.PVI_MODEL, SS.PVI_NULL_MOD
 
 
 # Model role -> the train_pvi kind that makes it.
-TRAINED_KIND = {"pvi_g": "g", "pvi_null": "g_null"}
+TRAINED_KIND = {"pvi_g": "g", "pvi_null": "g_null", "info_gain": "info_gain"}
 
 
 def train_command(role: str, settings: Settings) -> str:
-    kind = {**TRAINED_KIND, "info_gain": "info_gain"}[role]
+    kind = TRAINED_KIND[role]
     profile = f" --set models.profile={settings.models.profile}" if settings.models.profile != "offline" else ""
     return f"python -m jobs.receval.train_pvi{profile} --set train_pvi.kind={kind}"
 
@@ -301,12 +301,12 @@ def check_trained(settings: Settings) -> None:
 
     if not settings.models.require_trained_pvi:
         return
-    roles = dict(TRAINED_KIND)
-    if settings.pvi.info_gain_family == "seq2seq":
-        # A seq2seq L(k) model answers train_pvi's "Generate final answer:" task (the small profile's); a causal
-        # info-gain model is a plain LM, as in the official code, and needs no training.
-        roles["info_gain"] = "info_gain"
-    for role, kind in roles.items():
+    # A seq2seq L(k) model answers train_pvi's "Generate final answer:" task (the small profile's); a causal
+    # info-gain model is a plain LM, as in the official code, and needs no training.
+    causal = settings.pvi.info_gain_family == "causal"
+    for role, kind in TRAINED_KIND.items():
+        if role == "info_gain" and causal:
+            continue
         path = getattr(settings.models, role).path
         folder = Path(runtime.resolve_model_path(path))
         record = folder / "train_pvi.json"

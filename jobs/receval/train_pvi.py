@@ -313,12 +313,9 @@ def run(settings: Settings, job=None) -> tuple[Path, list[dict[str, float]]]:
         job.set_tags({"pvi_kind": cfg.kind, "model_dir": str(out)})
         job.log_text("train_pvi/epochs.json", json.dumps(history, indent=1))
         job.log_text("train_pvi/sample_pairs.json", json.dumps(train_pairs[:20], indent=1))
-    log.info(f"[train_pvi] model saved to {out}; score with --set models.{_role(cfg.kind)}.path={out}")
+    role = next(r for r, k in P.TRAINED_KIND.items() if k == cfg.kind)
+    log.info(f"[train_pvi] model saved to {out}; score with --set models.{role}.path={out}")
     return out, history
-
-
-def _role(kind: str) -> str:
-    return {"g": "pvi_g", "g_null": "pvi_null", "info_gain": "info_gain"}[kind]
 
 
 def main(argv: Sequence[str] | None = None) -> str | None:
