@@ -85,6 +85,15 @@ def settings(make_settings) -> Settings:
     return make_settings()
 
 
+def job_args(settings: Settings, *pairs: str) -> list[str]:
+    """A job's `--set` arguments for `settings`' lake, checkpoints and MLflow store on local[2], then `pairs`:
+    end-to-end tests call a job's `main` with the test's own folders."""
+    base = [f"paths.lake={settings.paths.lake}", f"paths.checkpoints={settings.paths.checkpoints}",
+            f"mlflow.tracking_uri={settings.mlflow.tracking_uri}",
+            f"mlflow.artifact_location={settings.mlflow.artifact_location}", "spark.master=local[2]"]
+    return [arg for pair in (*base, *pairs) for arg in ("--set", pair)]
+
+
 @pytest.fixture(scope="session")
 def spread_nli(tiny_models, tmp_path_factory) -> Path:
     """The tiny NLI model (same config, unusual label2id, tokenizer) re-initialised with larger weights.

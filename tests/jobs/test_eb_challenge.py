@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import job_args
 
 from jobs.infra import tables
 from jobs.metaeval import eb_challenge
@@ -11,13 +12,8 @@ from schemas import meta_eval as M
 @pytest.mark.dataset("entailment_bank")
 def test_main_end_to_end_small(spark, make_settings, tiny_models, tmp_path):
     settings = make_settings()
-    argv = []
-    for pair in [f"paths.lake={settings.paths.lake}", f"paths.checkpoints={settings.paths.checkpoints}",
-                 f"mlflow.tracking_uri={settings.mlflow.tracking_uri}",
-                 f"mlflow.artifact_location={settings.mlflow.artifact_location}", "spark.master=local[2]",
-                 "perturb.max_rows=6", "human_labels.max_rows=12", "meta_eval.bootstrap_resamples=50",
-                 "perturb.paraphrase_max_new_tokens=8", "pipeline.progress=plain"]:
-        argv += ["--set", pair]
+    argv = job_args(settings, "perturb.max_rows=6", "human_labels.max_rows=12", "meta_eval.bootstrap_resamples=50",
+                    "perturb.paraphrase_max_new_tokens=8", "pipeline.progress=plain")
     report = eb_challenge.main([*argv, "--out", str(tmp_path / "out")])
     assert {k: v for k, v in report["perturb"].items() if k in ("trees", "rows")} == {"trees": 6, "rows": 42}
     assert all(report["perturb"][t] == 3 for t in ("HALL", "NEG", "SWAP", "REP", "PAR", "RED", "REMOVE"))

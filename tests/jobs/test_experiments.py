@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from conftest import job_args
 
 from jobs.infra import tables
 from jobs.metaeval import experiments as E
@@ -142,14 +143,9 @@ def test_boundary_ablation_end_to_end_tiny(spark, make_settings, tiny_models, tm
     from schemas import steps as S
 
     settings = make_settings()
-    argv = ["boundary", "--out", str(tmp_path / "out")]
-    for pair in [f"paths.lake={settings.paths.lake}", f"paths.checkpoints={settings.paths.checkpoints}",
-                 f"mlflow.tracking_uri={settings.mlflow.tracking_uri}",
-                 f"mlflow.artifact_location={settings.mlflow.artifact_location}", "spark.master=local[2]",
-                 "perturb.max_rows=4", "perturb.types=[HALL,NEG]", "meta_eval.bootstrap_resamples=20",
-                 "meta_eval.metrics=[intra_entail_min,inter_min]", "pipeline.progress=plain"]:
-        argv += ["--set", pair]
-    table = E.main(argv)
+    sets = job_args(settings, "perturb.max_rows=4", "perturb.types=[HALL,NEG]", "meta_eval.bootstrap_resamples=20",
+                    "meta_eval.metrics=[intra_entail_min,inter_min]", "pipeline.progress=plain")
+    table = E.main(["boundary", "--out", str(tmp_path / "out"), *sets])
     assert (tmp_path / "out" / "boundary.md").read_text() == table
     lines = table.splitlines()
     for metric in ("intra_entail_min", "inter_min"):
@@ -158,7 +154,7 @@ def test_boundary_ablation_end_to_end_tiny(spark, make_settings, tiny_models, tm
         body = lines[at + 4 : at + 6]
         assert [b.split(" | ")[0] for b in body] == ["| " + v for v in E.ABLATIONS["boundary"]]
         assert all(b.count("(4)") == 2 for b in body), body  # every cell: D over the type's 4 chains
-    hashes = {v: E.variant_settings(argv[4::2], o).scoring_hash() for v, o in E.ABLATIONS["boundary"].items()}
+    hashes = {v: E.variant_settings(sets[1::2], o).scoring_hash() for v, o in E.ABLATIONS["boundary"].items()}
     steps = tables.read(spark, settings.table("steps"))
     per_chain = {v: [r["n"] for r in steps.where(F.col(S.CONFIG_HASH) == h).groupBy(S.CHAIN_ID)
                      .agg(F.count(F.lit(1)).alias("n")).collect()] for v, h in hashes.items()}
