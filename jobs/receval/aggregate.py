@@ -19,6 +19,7 @@ from jobs.infra import tables
 from jobs.infra.config import Settings
 from jobs.infra.tracking import job
 from schemas import chain_scores as CS
+from schemas import chains as C
 from schemas import step_scores as SS
 
 log = logging.getLogger(__spec__.name)
@@ -71,6 +72,27 @@ def transform(step_scores: DataFrame, settings: Settings) -> DataFrame:
         value = api_k(gains, k) if k in settings.aggregate.api_k else F.lit(None).cast("boolean")
         out = out.withColumn(CS.api_col(k), value)
     return tables.conform(out, CS.SCHEMA)
+
+
+# The chain scores a nightly summary shows per label group: correctness (intra-step entailment, inter-step) and
+# informativeness (intra-step PVI, information gain), each the chain's min over steps.
+LABEL_SCORE_COLS = [CS.min_col(m) for m in CS.METRIC_NAMES]
+ALL_CHAINS = "all"  # the label column of a dataset's row over all its chains
+
+
+def by_label(scores: DataFrame, chains: DataFrame) -> DataFrame:
+    """Mean chain scores per dataset and per (label, value) of the chains' `labels` (1 = no error, 0 = error,
+    ratings as given), beside each dataset's row over all its chains (label "all", value null). Columns:
+    dataset, label, value, chains, and the mean of each LABEL_SCORE_COLS column (nulls left out). Pure."""
+    joined = scores.select(CS.CHAIN_ID, *LABEL_SCORE_COLS).join(
+        chains.select(C.CHAIN_ID, C.DATASET, C.LABELS), CS.CHAIN_ID)
+    labelled = joined.select(C.DATASET, F.explode(C.LABELS).alias("label", "value"), *LABEL_SCORE_COLS)
+    overall = joined.select(C.DATASET, F.lit(ALL_CHAINS).alias("label"), F.lit(None).cast("double").alias("value"),
+                            *LABEL_SCORE_COLS)
+    return (overall.unionByName(labelled.where(F.col("value").isNotNull()))
+            .groupBy(C.DATASET, "label", "value")
+            .agg(F.count(F.lit(1)).alias("chains"), *[F.avg(c).alias(c) for c in LABEL_SCORE_COLS])
+            .orderBy(C.DATASET, F.col("label") != ALL_CHAINS, "label", F.col("value").desc()))
 
 
 def run(spark: SparkSession, settings: Settings) -> dict[str, int]:

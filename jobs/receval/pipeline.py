@@ -10,6 +10,7 @@ missing work and ends with the rows a clean run writes. One MLflow parent run, o
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -17,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +238,8 @@ class Summary:
     report_html: str | None = None
     report_file: str | None = None
     mlflow_run_id: str | None = None
+    # Mean chain scores of the chains this run scored, per dataset and label (aggregate.by_label rows).
+    label_scores: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def slowest(self) -> StageReport | None:
@@ -385,6 +389,7 @@ def run(
 
 def _run(ctx: Context, tracked: JobRun) -> Summary:
     spark, settings = ctx.spark, ctx.settings
+    run_started = time.time()
     summary = Summary(run_id=ctx.run_id, config_hash=ctx.config_hash)
     summary.rows_before, summary.versions_before = _table_state(spark, settings)
     wanted = settings.pipeline.stages
@@ -434,6 +439,9 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
         log.info(f"[pipeline] {name}: done in {report.seconds:.1f} s")
 
     summary.rows_after, summary.versions_after = _table_state(spark, settings)
+    if "aggregate" in wanted:
+        summary.label_scores = _label_scores(ctx, run_started)
+        tracked.log_text("summary/scores_by_label.json", json.dumps(summary.label_scores, indent=1))
     for table, v in summary.versions_after.items():
         if v != summary.versions_before.get(table):
             tracked.log_table(table, settings.table(table), v, "output")
@@ -451,6 +459,20 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
     if maintained:
         tracked.log_metrics({f"maintain.files_after.{k}": v["files_after"] for k, v in maintained.items()})
     return summary
+
+
+def _label_scores(ctx: Context, since: float) -> list[dict[str, Any]]:
+    """aggregate.by_label over the chain scores of the current config hash written since `since` (this run)."""
+    from jobs.receval import aggregate
+
+    spark, settings = ctx.spark, ctx.settings
+    if not tables.exists(spark, settings.table("chain_scores")):
+        return []
+    scores = tables.read(spark, settings.table("chain_scores")).where(
+        (F.col(CS.CONFIG_HASH) == ctx.config_hash)
+        & (F.col(CS.SCORED_AT) >= F.lit(datetime.fromtimestamp(since, timezone.utc))))
+    rows = aggregate.by_label(scores, tables.read(spark, settings.table("chains"))).collect()
+    return [r.asDict() for r in rows]
 
 
 def _curate(ctx: Context, report: StageReport, summary: Summary) -> None:
@@ -501,6 +523,23 @@ def mlflow_location(settings: Settings, run_id: str | None) -> str:
     return f"run {run_id} in {uri} (browse: mlflow ui --backend-store-uri {uri})"
 
 
+def label_scores_table(rows: list[dict[str, Any]]):
+    """The summary's "Scores by label" table: mean chain scores of this run's chains per dataset and label."""
+    from rich.table import Table
+
+    from jobs.receval.aggregate import LABEL_SCORE_COLS
+
+    t = Table(title="Scores by label (chains scored by this run; mean of each chain's min over steps; "
+                    "label value 1 = no error, 0 = error)")
+    for col in ("dataset", "label", "value", "chains", *LABEL_SCORE_COLS):
+        t.add_column(col, justify="left" if col in ("dataset", "label") else "right")
+    for r in rows:
+        means = ["-" if r[c] is None else f"{r[c]:.3f}" for c in LABEL_SCORE_COLS]
+        value = "" if r["value"] is None else f"{r['value']:g}"
+        t.add_row(str(r["dataset"]), r["label"], value, str(r["chains"]), *means)
+    return t
+
+
 def print_summary(summary: Summary, settings: Settings) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -525,6 +564,8 @@ def print_summary(summary: Summary, settings: Settings) -> None:
         )
         s.add_row(r.name, str(r.chains), f"{r.seconds:.1f}", f"{r.rate:.1f}", notes)
     console.print(s)
+    if summary.label_scores:
+        console.print(label_scores_table(summary.label_scores))
     slowest = summary.slowest
     lines = [
         f"pass rate: {summary.pass_rate:.1%}" if summary.pass_rate is not None else "pass rate: - (no chains curated)",

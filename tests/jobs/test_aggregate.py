@@ -118,3 +118,32 @@ def test_run_idempotent_upsert(spark, settings):
     b = tables.read(spark, settings.table("chain_scores")).where("chain_id = 'b'").collect()
     assert len(b) == 1
     assert (b[0][CS.min_col(E)], b[0][CS.api_col(1)], b[0][CS.SCORED_AT]) == (0.25, False, T1)
+
+
+def test_by_label_means_per_dataset_and_label_value(spark):
+    from schemas import chains as C
+
+    cols = aggregate.LABEL_SCORE_COLS  # intra_entail_min, intra_pvi_min, inter_min, info_gain_min
+    scores = spark.createDataFrame(
+        [("c1", 0.5, 1.0, 0.25, 0.5), ("c2", 0.25, -1.0, 0.75, None), ("c3", 0.0, 0.5, 0.5, -0.5),
+         ("c4", 1.0, 2.0, 1.0, 1.0)],
+        [CS.CHAIN_ID, *cols])
+    chains = spark.createDataFrame(
+        [("c1", "d1", {"ok": 1.0}), ("c2", "d1", {"ok": 0.0}), ("c3", "d1", {"ok": 0.0, "other": 1.0}),
+         ("c4", "d2", None), ("c5", "d2", {"ok": 0.0}), ("c6", "d1", {"ok": None})],  # c5, c6: not scored
+        f"{C.CHAIN_ID} string, {C.DATASET} string, {C.LABELS} map<string,double>")
+    got = aggregate.by_label(scores, chains)
+    # Hand-derived: d1 all = c1..c3; ok=1: c1; ok=0: c2, c3 (info_gain of c2 null: the mean of c3's alone);
+    # other=1: c3; d2 all = c4 (no labels). Rows: dataset, the "all" row first, then labels, values high to low.
+    want = [
+        ("d1", "all", None, 3, 0.25, 0.5 / 3, 0.5, 0.0),
+        ("d1", "ok", 1.0, 1, 0.5, 1.0, 0.25, 0.5),
+        ("d1", "ok", 0.0, 2, 0.125, -0.25, 0.625, -0.5),
+        ("d1", "other", 1.0, 1, 0.0, 0.5, 0.5, -0.5),
+        ("d2", "all", None, 1, 1.0, 2.0, 1.0, 1.0),
+    ]
+    assert got.columns == [C.DATASET, "label", "value", "chains", *cols]
+    rows = [tuple(r) for r in got.collect()]
+    assert [r[:4] for r in rows] == [w[:4] for w in want]
+    for r, w in zip(rows, want, strict=True):
+        assert r[4:] == pytest.approx(w[4:], rel=1e-12), r

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import sqlite_store
 from pipeline_fakes import QUARANTINE_MARK, Fakes
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
@@ -103,7 +104,7 @@ def clean_run(spark, tmp_path_factory) -> CleanRun:
 
 def _clean_overrides(lake_input: Path, lake: Path, tmp: Path) -> list[tuple[str, str]]:
     return [
-        ("paths.lake", str(lake)), ("mlflow.tracking_uri", f"sqlite:///{tmp}/mlruns.db"),
+        ("paths.lake", str(lake)), ("mlflow.tracking_uri", sqlite_store(tmp / "mlruns.db")),
         ("mlflow.artifact_location", f"{tmp}/mlartifacts"), ("spark.master", "local[2]"),
         ("ingest.input", str(lake_input)), ("pipeline.batch_chains", "12"), ("pipeline.progress", "plain"),
         ("pipeline.stages", "[ingest,steps,scores,aggregate,curate]"), ("curation.thresholds", "{intra_entail: 0.3}"),
@@ -162,6 +163,35 @@ def test_print_summary_tables_and_locations(clean_run, capsys):
     assert f"MLflow: run {clean_run.summary.mlflow_run_id} in sqlite:///" in out
 
 
+def test_summary_scores_by_label_of_the_run(spark, clean_run, capsys):
+    """The summary's mean chain scores per label, against the chain_scores table and the input's own labels."""
+    import statistics
+
+    from mlflow.tracking import MlflowClient
+
+    from jobs.receval.aggregate import LABEL_SCORE_COLS
+
+    settings = clean_run.settings
+    ok = {json.loads(line)["chain_id"]: json.loads(line)["labels"]["verifier_correct"]
+          for line in (SAMPLE / "gsm8k_sample.jsonl").read_text().splitlines()}
+    scores = {r["chain_id"]: r for r in tables.read(spark, settings.table("chain_scores")).collect()}
+    got = {(r["dataset"], r["label"], r["value"]): r for r in clean_run.summary.label_scores}
+    groups = {("gsm8k", "all", None): list(ok), ("gsm8k", "verifier_correct", 1.0): [c for c in ok if ok[c] == 1.0],
+              ("gsm8k", "verifier_correct", 0.0): [c for c in ok if ok[c] == 0.0]}
+    assert list(got) == list(groups)  # the dataset's row first, then label values high to low
+    for key, ids in groups.items():
+        assert got[key]["chains"] == len(ids) == (24 if key[1] == "all" else 12)
+        for col in LABEL_SCORE_COLS:
+            assert got[key][col] == pytest.approx(statistics.fmean(scores[c][col] for c in ids), rel=1e-9), col
+    pipeline.print_summary(clean_run.summary, settings)
+    out = capsys.readouterr().out
+    assert "Scores by label" in out and "verifier_correct" in out
+    client = MlflowClient(settings.mlflow.tracking_uri)
+    logged = client.download_artifacts(clean_run.summary.mlflow_run_id, "summary/scores_by_label.json",
+                                       str(clean_run.lake.parent))
+    assert json.loads(Path(logged).read_text()) == clean_run.summary.label_scores
+
+
 def test_run_second_run_over_unchanged_input_writes_nothing(spark, clean_run, tmp_path):
     settings = _copy_of_clean(clean_run, tmp_path)
     before = _state(spark, settings)
@@ -171,6 +201,7 @@ def test_run_second_run_over_unchanged_input_writes_nothing(spark, clean_run, tm
     assert again.seen_steps == [] and again.nli_calls == 0
     assert [s.chains for s in summary.stages] == [0, 0, 0, 0, 0]
     assert summary.stages[0].skipped  # ingest: no new or changed input file
+    assert summary.label_scores == []  # no chain scored by this run
 
 
 def test_run_new_input_file_scores_only_its_chains(spark, clean_run, tmp_path):
@@ -188,6 +219,8 @@ def test_run_new_input_file_scores_only_its_chains(spark, clean_run, tmp_path):
     assert sorted(fakes.seen_nli) == new_ids and sorted(fakes.seen_pvi) == new_ids
     assert summary.rows_after["chains"] == 27 and summary.rows_after["chain_scores"] == 27
     assert summary.curation.counts["batch"] == 3
+    # Scores by label: only the chains this run scored (the new file's three, no labels).
+    assert [(r["dataset"], r["label"], r["chains"]) for r in summary.label_scores] == [("synthetic", "all", 3)]
     assertDataFrameEqual(
         _stable(spark, settings, "chain_scores").where(~F.col("chain_id").isin(*new_ids)), old_scores
     )
