@@ -49,13 +49,20 @@ VOLATILE = frozenset({"ingested_at", "scored_at", "curated_at", "quarantined_at"
 STEP_SCORE_KEYS = ("chain_id", "step_idx", "config_hash")
 
 
+def _store(path: Path) -> str:
+    # Imported here: as a spark-submit entry point this module must not load the test session's conftest.
+    from conftest import sqlite_store
+
+    return sqlite_store(path)
+
+
 def job_args(lake: Path, input_path: Path | str, *extra: str) -> list[str]:
     """--set arguments that point a job at its own lake, input and MLflow store."""
     pairs = [
         f"paths.lake={lake}",
         f"paths.checkpoints={lake}/_checkpoints",
         f"ingest.input={input_path}",
-        f"mlflow.tracking_uri=sqlite:///{lake.parent}/mlruns-{lake.name}.db",
+        f"mlflow.tracking_uri={_store(lake.parent / f'mlruns-{lake.name}.db')}",
         f"mlflow.artifact_location={lake.parent}/mlartifacts-{lake.name}",
         "pipeline.progress=plain",
         # Named: an entry point picks the small profile where `make models` has built it, the reference would not.

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -57,6 +61,29 @@ def spark():
     session.stop()
 
 
+@functools.cache
+def _mlflow_template() -> Path:
+    """An empty MLflow sqlite store made by MLflow itself, once per test process: its schema migrations take 3-5 s
+    on 2 cores, which every test that tracks a job would otherwise pay for its own new store."""
+    from mlflow.tracking import MlflowClient
+
+    folder = Path(tempfile.mkdtemp(prefix="mlflow-template-"))
+    atexit.register(shutil.rmtree, folder, True)
+    path = folder / "mlruns.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()  # creates the tables at MLflow's current revision
+    return path
+
+
+def sqlite_store(path: Path) -> str:
+    """The tracking URI of an MLflow sqlite store at `path`: a copy of the template (same schema, no runs) when
+    the file does not exist yet. The tracking tests (tests/test_tracking*.py) keep making new stores themselves."""
+    path = Path(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_mlflow_template(), path)
+    return f"sqlite:///{path}"
+
+
 @pytest.fixture
 def lake(tmp_path: Path) -> Path:
     return tmp_path / "lake"
@@ -67,10 +94,11 @@ def make_settings(lake: Path, tmp_path: Path):
     """Settings with the lake and MLflow store in the test's tmp folder; extra overrides as dotted pairs."""
 
     def make(*overrides: str) -> Settings:
+        uri = sqlite_store(tmp_path / "mlruns.db")
         base = [
             f"paths.lake={lake}",
             f"paths.checkpoints={lake}/_checkpoints",
-            f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlruns.db",
+            f"mlflow.tracking_uri={uri}",
             f"mlflow.artifact_location={tmp_path}/mlartifacts",
             "spark.master=local[2]",
             "spark.shuffle_partitions=2",

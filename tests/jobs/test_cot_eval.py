@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import sqlite_store
 from pyspark.sql import functions as F
 from tolerance import EXACT_ABS, exact, loglik_approx
 
@@ -121,7 +122,7 @@ def _check_predictions(pdf: pd.DataFrame, tokenizer) -> None:
 def _overrides(base, model: str, family: str) -> list[str]:
     return [
         f"paths.lake={base}/lake",
-        f"mlflow.tracking_uri=sqlite:///{base}/mlruns.db",
+        f"mlflow.tracking_uri={sqlite_store(base / 'mlruns.db')}",
         f"mlflow.artifact_location={base}/mlartifacts",
         "spark.master=local[2]",
         "spark.shuffle_partitions=2",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import sqlite_store
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual, assertSchemaEqual
 from tolerance import exact
@@ -133,7 +134,7 @@ def night_one(spark, tmp_path_factory) -> NightOne:
 
     tmp = tmp_path_factory.mktemp("curate")
     settings = load_settings(overrides=[
-        f"paths.lake={tmp / 'lake'}", f"mlflow.tracking_uri=sqlite:///{tmp}/mlruns.db", "spark.master=local[2]",
+        f"paths.lake={tmp / 'lake'}", f"mlflow.tracking_uri={sqlite_store(tmp / 'mlruns.db')}", "spark.master=local[2]",
         "spark.shuffle_partitions=2", *RULES,
     ], environ={})
     _setup(spark, settings)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import sqlite_store
 from pipeline_fakes import Fakes
 
 from jobs.infra.config import PROJECT_ROOT, load_settings
@@ -63,7 +64,7 @@ def twice(spark, job: Callable[[], object], name: str) -> None:
 
 def _overrides(tmp_path: Path, *extra: str) -> list[str]:
     return [
-        f"paths.lake={tmp_path / 'lake'}", f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlruns.db",
+        f"paths.lake={tmp_path / 'lake'}", f"mlflow.tracking_uri={sqlite_store(tmp_path / 'mlruns.db')}",
         f"mlflow.artifact_location={tmp_path}/mlartifacts", "spark.master=local[2]", "spark.shuffle_partitions=2",
         f"ingest.input={tmp_path / 'input'}", "pipeline.batch_chains=16", "pipeline.progress=plain",
         "pipeline.stages=[ingest,steps,scores,aggregate,curate]", "curation.quantiles={inter: 0.25}",

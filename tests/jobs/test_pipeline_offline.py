@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import sqlite_store
 from test_pipeline import SAMPLE, _assert_lakes_equal
 
 from jobs.infra import tables
@@ -31,7 +32,7 @@ def _real_argv(lake: Path, tmp_path: Path, lake_input: Path, *extra: str) -> lis
     return [
         f"--set=paths.lake={lake}",
         f"--set=ingest.input={lake_input}",
-        f"--set=mlflow.tracking_uri=sqlite:///{tmp_path}/mlruns.db",
+        f"--set=mlflow.tracking_uri={sqlite_store(tmp_path / 'mlruns.db')}",
         f"--set=mlflow.artifact_location={tmp_path}/mlartifacts",
         "--set=spark.master=local[2]",
         "--set=spark.shuffle_partitions=2",

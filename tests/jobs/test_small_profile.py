@@ -8,6 +8,7 @@ import json
 import shutil
 
 import pytest
+from conftest import sqlite_store
 
 from jobs.infra.config import PROJECT_ROOT, small_built
 from jobs.receval import pipeline
@@ -29,7 +30,7 @@ def scored(spark, tmp_path_factory) -> tuple[dict[str, bool], list]:
     shutil.copy(SAMPLE / "gsm8k_sample.jsonl", tmp / "input.jsonl")
     summary = pipeline.main([
         f"--set=paths.lake={tmp / 'lake'}", f"--set=ingest.input={tmp / 'input.jsonl'}",
-        f"--set=mlflow.tracking_uri=sqlite:///{tmp}/mlruns.db", f"--set=mlflow.artifact_location={tmp}/mlartifacts",
+        f"--set=mlflow.tracking_uri={sqlite_store(tmp / 'mlruns.db')}", f"--set=mlflow.artifact_location={tmp}/mlartifacts",
         "--set=spark.master=local[2]", "--set=spark.shuffle_partitions=2", "--set=models.profile=small",
         "--set=pipeline.progress=plain",
     ])
