@@ -61,6 +61,20 @@ def spark():
     session.stop()
 
 
+SAMPLE_LAKE = PROJECT_ROOT / "tests" / "data" / "sample_lake"
+# The tests' nightly input: the sample lake's 24 GSM-8K chains and its bad rows. Its EntailmentBank part (gold and
+# perturbed chains, make run's demonstration of what correctness scores catch) is read by test_small_profile only.
+TEST_SAMPLE_FILES = ("gsm8k_sample.jsonl", "bad_rows.jsonl")
+
+
+def copy_sample(folder: Path) -> Path:
+    """The tests' part of the sample lake copied into `folder` (made), which tests may add files to."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in TEST_SAMPLE_FILES:
+        shutil.copyfile(SAMPLE_LAKE / name, folder / name)
+    return folder
+
+
 @functools.cache
 def _mlflow_template() -> Path:
     """An empty MLflow sqlite store made by MLflow itself, once per test process: its schema migrations take 3-5 s

@@ -22,7 +22,7 @@ from cluster import (
     assert_lakes_equal,
     job_args,
 )
-from conftest import TEST_JVM_OPTIONS
+from conftest import TEST_JVM_OPTIONS, copy_sample
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 from tolerance import EXACT_FRAME
@@ -54,7 +54,7 @@ def full_cluster(cluster):
 def nightly_input(tmp_path_factory) -> Path:
     """The bundled sample lake plus the hostile-input corpus: good rows and every kind of bad one."""
     folder = tmp_path_factory.mktemp("nightly") / "input"
-    shutil.copytree(SAMPLE, folder)
+    copy_sample(folder)
     shutil.copytree(BAD_INPUT, folder / "bad_input")
     return folder
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from cluster import free_port
+from conftest import copy_sample
 from delta.tables import DeltaTable
 
 from jobs.infra.config import PROJECT_ROOT
@@ -32,7 +33,7 @@ def dead_tracking(monkeypatch) -> str:
 def ingest_args(lake: Path) -> list[str]:
     return [
         "--set", f"paths.lake={lake}",
-        "--set", f"ingest.input={SAMPLE}",
+        "--set", f"ingest.input={copy_sample(lake.parent / 'input')}",
         "--set", "spark.master=local[2]",
         "--set", "spark.shuffle_partitions=2",
     ]

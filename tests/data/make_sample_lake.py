@@ -1,6 +1,9 @@
-"""Regenerate the bundled sample lake from the ROSCOE GSM-8K generations (MIT; see tests/data/README.md).
+"""Regenerate the bundled sample lake (see tests/data/README.md): 24 ROSCOE GSM-8K generations (MIT), and
+EntailmentBank test trees (CC BY 4.0) each as its gold chain and as two chains with one known error made by the
+EB-challenge's perturbations (NEG: a step's conclusion negated; HALL: a step's conclusion replaced by a distractor
+sentence of the tree's task_2 row), the errors ReCEval's correctness scores are made to catch.
 
-    python -m jobs.infra.data fetch roscoe_gsm8k && python tests/data/make_sample_lake.py
+    python -m jobs.infra.data fetch roscoe_gsm8k entailment_bank && python tests/data/make_sample_lake.py
 """
 
 from __future__ import annotations
@@ -41,6 +44,52 @@ def gsm8k_rows(n: int = 24) -> list[dict]:
     return rows
 
 
+EB_TREES = 8
+EB_KINDS = ("NEG", "HALL")
+
+
+def entailment_bank_rows(n: int = EB_TREES, kinds: tuple[str, ...] = EB_KINDS) -> list[dict]:
+    """The first `n` EB task_1 test trees that take every perturbation kind: each tree's gold chain (labels
+    {kind: 1} for every kind) and one chain per kind with the error (labels {kind: 0}), as ingest reads them."""
+    import sys
+
+    sys.path.insert(0, str(HERE.parents[1]))
+    from jobs.infra.config import load_settings
+    from jobs.metaeval import perturb
+    from udfs import entailment_bank as EB
+
+    settings = load_settings(overrides=[f"paths.data={DATA}"], environ={})
+    cfg = settings.perturb
+    trees, task2, ids = perturb.kept_rows(cfg)
+    res, _ = perturb.resources(settings, kinds)
+    rows = []
+    for tree, distractors, cid in zip(trees, task2, ids, strict=True):
+        changed = {kind: perturb.perturb_tree(kind, tree, distractors, cid, cfg.seed, res) for kind in kinds}
+        if any(c is None for c in changed.values()):
+            continue
+        gold = EB.to_chain(tree, "entailment_bank", chain_id=f"eb-{cid}")
+        rows.append(_lake_row(gold, {kind: perturb.CLEAN for kind in kinds}, {"perturbation": "none"}))
+        for kind, ((steps, texts), record, idx) in changed.items():
+            chain = EB.to_chain(tree, "entailment_bank", steps, texts, chain_id=f"eb-{cid}-{kind}")
+            rows.append(_lake_row(chain, {kind: perturb.PERTURBED},
+                                  {"perturbation": kind, "perturbation_step": str(idx),
+                                   "perturbation_node": str(record["node"])}))
+        if len(rows) == n * (1 + len(kinds)):
+            break
+    return rows
+
+
+def _lake_row(chain: dict, labels: dict[str, float], extra: dict[str, str]) -> dict:
+    """A `chains` record as an input row: given steps, no chain text, no derived columns."""
+    return {
+        "chain_id": chain["chain_id"], "dataset": chain["dataset"], "question_id": chain["question_id"],
+        "context": chain["context"], "question": chain["question"], "steps": chain["steps"],
+        "answer": chain["answer"], "gold_answer": chain["gold_answer"], "gold_steps": chain["gold_steps"],
+        "labels": labels,
+        "metadata": {"source": "entailment_bank task_1 test (v2)", "tree": chain["question_id"], **extra},
+    }
+
+
 BAD_ROWS = [
     {"chain_id": "bad-no-context", "chain": "She sold 72 clips."},
     {"chain_id": "bad-empty-chain", "context": "A question.", "chain": "   "},
@@ -53,6 +102,9 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     with (out / "gsm8k_sample.jsonl").open("w") as f:
         for row in gsm8k_rows():
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    with (out / "entailment_bank_sample.jsonl").open("w") as f:
+        for row in entailment_bank_rows():
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     with (out / "bad_rows.jsonl").open("w") as f:
         for row in BAD_ROWS:

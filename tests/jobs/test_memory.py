@@ -8,13 +8,12 @@ manager, and storage memory back to where it started.
 from __future__ import annotations
 
 import gc
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import sqlite_store
+from conftest import copy_sample, sqlite_store
 from pipeline_fakes import Fakes
 
 from jobs.infra.config import PROJECT_ROOT, load_settings
@@ -88,7 +87,7 @@ def night(spark, tmp_path_factory) -> list[str]:
     from jobs.receval import pipeline
 
     tmp_path = tmp_path_factory.mktemp("night")
-    shutil.copytree(SAMPLE, tmp_path / "input")
+    copy_sample(tmp_path / "input")
     overrides = _overrides(tmp_path)
     settings = load_settings(overrides=overrides, environ={})
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import sqlite_store
+from conftest import copy_sample, sqlite_store
 from pipeline_fakes import QUARANTINE_MARK, Fakes
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
@@ -31,8 +31,7 @@ RESULT_TABLES = ["chains", "steps", "contexts", "step_scores", "chain_scores", "
 def lake_input(tmp_path: Path) -> Path:
     """A copy of the sample lake (24 GSM-8K chains + 4 bad rows) that tests can add files to."""
     folder = tmp_path / "input"
-    shutil.copytree(SAMPLE, folder)
-    return folder
+    return copy_sample(folder)
 
 
 def _settings(make_settings, lake_input: Path, *extra: str):
@@ -89,7 +88,7 @@ class CleanRun:
 def clean_run(spark, tmp_path_factory) -> CleanRun:
     """`python -m jobs.receval.pipeline` (its main, fake stages) once: tables, MLflow parent and stage runs."""
     root = tmp_path_factory.mktemp("clean")
-    shutil.copytree(SAMPLE, root / "input")
+    copy_sample(root / "input")
     settings = _clean_settings(root / "input", root / "lake", root)
     fakes = Fakes()
     out = io.StringIO()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import sqlite_store
-from test_pipeline import SAMPLE, _assert_lakes_equal
+from conftest import copy_sample, sqlite_store
+from test_pipeline import _assert_lakes_equal
 
 from jobs.infra import tables
 from jobs.infra.config import PROJECT_ROOT, load_settings
@@ -57,7 +56,7 @@ class OfflineRun:
 def offline_run(spark, tiny_models, tmp_path_factory) -> OfflineRun:
     """`python -m jobs.receval.pipeline` (its main) once on the sample lake, offline profile; read-only."""
     tmp = tmp_path_factory.mktemp("offline")
-    shutil.copytree(SAMPLE, tmp / "input")
+    copy_sample(tmp / "input")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         summary = pipeline.main(_real_argv(tmp / "clean", tmp, tmp / "input"))
