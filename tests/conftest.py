@@ -103,23 +103,26 @@ def lake(tmp_path: Path) -> Path:
     return tmp_path / "lake"
 
 
+def folder_settings(folder: Path, *overrides: str) -> Settings:
+    """Settings with the lake (`folder/lake`) and a new MLflow store in `folder`, local[2]; extra overrides as
+    dotted pairs. For module fixtures that run a job once for several tests (make_settings is per test)."""
+    lake = folder / "lake"
+    base = [
+        f"paths.lake={lake}",
+        f"paths.checkpoints={lake}/_checkpoints",
+        f"mlflow.tracking_uri={sqlite_store(folder / 'mlruns.db')}",
+        f"mlflow.artifact_location={folder}/mlartifacts",
+        "spark.master=local[2]",
+        "spark.shuffle_partitions=2",
+    ]
+    return load_settings(overrides=[*base, *overrides], environ={})
+
+
 @pytest.fixture
 def make_settings(lake: Path, tmp_path: Path):
     """Settings with the lake and MLflow store in the test's tmp folder; extra overrides as dotted pairs."""
-
-    def make(*overrides: str) -> Settings:
-        uri = sqlite_store(tmp_path / "mlruns.db")
-        base = [
-            f"paths.lake={lake}",
-            f"paths.checkpoints={lake}/_checkpoints",
-            f"mlflow.tracking_uri={uri}",
-            f"mlflow.artifact_location={tmp_path}/mlartifacts",
-            "spark.master=local[2]",
-            "spark.shuffle_partitions=2",
-        ]
-        return load_settings(overrides=[*base, *overrides], environ={})
-
-    return make
+    assert lake == tmp_path / "lake"
+    return lambda *overrides: folder_settings(tmp_path, *overrides)
 
 
 @pytest.fixture

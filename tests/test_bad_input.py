@@ -7,12 +7,15 @@ import json
 import shutil
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import folder_settings
 from pyspark.sql import functions as F
 
+from jobs.infra.config import Settings
 from jobs.receval import ingest
 from schemas import chains as C
 from schemas import quarantine as Q
@@ -66,13 +69,26 @@ def test_corpus_has_at_least_25_kinds():
     assert set(corpus_module.EXPECTED) == set(corpus_module.small_files()) | set(corpus_module.large_files())
 
 
-def test_ingest_run_bad_input_every_kind_ingested_or_quarantined(spark, make_settings, corpus, capsys):
-    settings = make_settings(f"ingest.input={corpus}")
+@dataclass
+class FirstIngest:
+    """One `ingest.run` over the corpus into a new lake, shared read-only by the tests below."""
+
+    settings: Settings
+    counts: dict[str, int]
+    read_per_file: Counter  # source file name -> rows read_raw gives for it
+
+
+@pytest.fixture(scope="module")
+def first_ingest(spark, corpus, tmp_path_factory) -> FirstIngest:
+    settings = folder_settings(tmp_path_factory.mktemp("bad_input_run"), f"ingest.input={corpus}")
     raw = ingest.read_raw(spark, settings.ingest)
     read_per_file = Counter({Path(r["source"]).name: r["count"] for r in raw.groupBy("source").count().collect()})
-
     counts = ingest.run(spark, settings, run_id="bad-input")
+    return FirstIngest(settings, counts, read_per_file)
 
+
+def test_ingest_run_bad_input_every_kind_ingested_or_quarantined(spark, first_ingest, capsys):
+    settings, counts, read_per_file = first_ingest.settings, first_ingest.counts, first_ingest.read_per_file
     got = outcome_by_kind(spark, settings)
     expected = {k: v for k, v in corpus_module.EXPECTED.items() if v["ingested"] or v["quarantined"]}
     report = pd.DataFrame(
@@ -96,10 +112,8 @@ def test_ingest_run_bad_input_every_kind_ingested_or_quarantined(spark, make_set
     assert counts["read"] == sum(read_per_file.values()) == counts["inserted"] + counts["quarantined"]
 
 
-def test_ingest_run_bad_input_keeps_hostile_text_verbatim(spark, make_settings, corpus):
-    settings = make_settings(f"ingest.input={corpus}")
-    ingest.run(spark, settings)
-    chains = spark.read.format("delta").load(settings.table("chains"))
+def test_ingest_run_bad_input_keeps_hostile_text_verbatim(spark, first_ingest):
+    chains = spark.read.format("delta").load(first_ingest.settings.table("chains"))
     rows = {r[C.CHAIN_ID]: r for r in chains.collect()}
     injection = corpus_module.INJECTION
     # Injected templates and code are data: stored as given, never rendered or evaluated.
@@ -113,13 +127,14 @@ def test_ingest_run_bad_input_keeps_hostile_text_verbatim(spark, make_settings, 
     assert rows["extra_fields"][C.METADATA] == {"model": "m", "params": '{"t": 0.7}'}
 
 
-def test_ingest_run_bad_input_rerun_adds_nothing(spark, make_settings, corpus):
+def test_ingest_run_bad_input_rerun_adds_nothing(spark, first_ingest, make_settings, lake, corpus):
+    # A second run over the same input, on a copy of the first run's lake (a Delta table is its folder).
+    shutil.copytree(first_ingest.settings.paths.lake, lake)
     settings = make_settings(f"ingest.input={corpus}")
-    first = ingest.run(spark, settings)
     quarantined = spark.read.format("delta").load(settings.table("quarantine")).count()
     second = ingest.run(spark, settings)
     assert second["inserted"] == 0
-    assert second["already_present"] == first["inserted"]
+    assert second["already_present"] == first_ingest.counts["inserted"]
     assert spark.read.format("delta").load(settings.table("quarantine")).count() == quarantined
     assert spark.read.format("delta").load(settings.table("chains")).where(F.col(C.CHAIN_ID).isNull()).count() == 0
 

@@ -251,12 +251,19 @@ class Summary:
         return self.curation.pass_rates.get("all") if self.curation is not None else None
 
 
-def _table_state(spark: SparkSession, settings: Settings) -> tuple[dict[str, int], dict[str, int | None]]:
+def _table_state(
+    spark: SparkSession, settings: Settings, before: tuple[dict[str, int], dict[str, int | None]] | None = None
+) -> tuple[dict[str, int], dict[str, int | None]]:
+    """Rows and Delta version of every table. A table still at its version in `before` has its rows from there:
+    a version fixes a table's content, and each count is a Spark job (a night that changes nothing counts none)."""
     rows, versions = {}, {}
     for name in ALL_TABLES:
         path = settings.table(name)
         versions[name] = tables.version(spark, path)
-        rows[name] = tables.read(spark, path).count() if versions[name] is not None else 0
+        if before is not None and versions[name] == before[1].get(name):
+            rows[name] = before[0][name]
+        else:
+            rows[name] = tables.read(spark, path).count() if versions[name] is not None else 0
     return rows, versions
 
 
@@ -438,7 +445,8 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
         child.end("FINISHED")
         log.info(f"[pipeline] {name}: done in {report.seconds:.1f} s")
 
-    summary.rows_after, summary.versions_after = _table_state(spark, settings)
+    summary.rows_after, summary.versions_after = _table_state(
+        spark, settings, (summary.rows_before, summary.versions_before))
     if "aggregate" in wanted:
         summary.label_scores = _label_scores(ctx, run_started)
         tracked.log_text("summary/scores_by_label.json", json.dumps(summary.label_scores, indent=1))

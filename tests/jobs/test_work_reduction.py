@@ -10,6 +10,7 @@ absolute).
 from __future__ import annotations
 
 import pytest
+from conftest import folder_settings
 from tolerance import assert_scores_close
 
 from jobs.receval import nli_scores, pvi_scores
@@ -47,15 +48,29 @@ VARIANTS = [("runtime.dedup=false",), ("runtime.sort_by_length=false",),
 PVI_VARIANTS = [*VARIANTS, ("runtime.share_prefix=false",)]
 
 
+@pytest.fixture(scope="module")
+def optimised(spark, tiny_models, tmp_path_factory) -> dict[str, list]:
+    """The scores with every optimisation on (NLI and PVI step rows, collected), computed once for all variants."""
+    settings = folder_settings(tmp_path_factory.mktemp("optimised"), "runtime.batch_size=2",
+                               "runtime.on_row_error=fail")
+    steps, contexts = _frames(spark)
+    return {"nli": nli_scores.transform(steps, contexts, settings).drop("error").collect(),
+            "pvi": pvi_scores.transform(steps, contexts, settings).collect()}
+
+
+def _complete(rows: list, *cols: str) -> int:
+    return sum(all(r[c] is not None for c in cols) for r in rows)
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=["no-dedup", "no-sort", "neither"])
-def test_nli_scores_identical_without_each_optimisation(spark, make_settings, tiny_models, variant):
+def test_nli_scores_identical_without_each_optimisation(spark, make_settings, tiny_models, optimised, variant):
     steps, contexts = _frames(spark)
     base = _settings(make_settings)
     off = _settings(make_settings, *variant)
-    want = nli_scores.transform(steps, contexts, base).drop("error")
+    want = optimised["nli"]
     got = nli_scores.transform(steps, contexts, off).drop("error")
     assert_scores_close(got, want, keys=[S.CHAIN_ID, S.STEP_IDX])
-    assert want.where("intra_entail is not null and inter is not null").count() == sum(len(c[3]) for c in CHAINS)
+    assert _complete(want, "intra_entail", "inter") == sum(len(c[3]) for c in CHAINS)
     pairs = nli_scores.plan(steps, contexts, base).pairs
     total, distinct = pairs.count(), pairs.select("premise", "hypothesis").distinct().count()
     assert distinct < total  # the chains share pairs: deduplication has work to remove
@@ -73,9 +88,9 @@ def _sent(spark, steps, contexts, settings) -> int:
 
 
 @pytest.mark.parametrize("variant", PVI_VARIANTS, ids=["no-dedup", "no-sort", "neither", "no-share"])
-def test_pvi_scores_identical_without_each_optimisation(spark, make_settings, tiny_models, variant):
+def test_pvi_scores_identical_without_each_optimisation(spark, make_settings, tiny_models, optimised, variant):
     steps, contexts = _frames(spark)
-    want = pvi_scores.transform(steps, contexts, _settings(make_settings))
+    want = optimised["pvi"]
     got = pvi_scores.transform(steps, contexts, _settings(make_settings, *variant))
     assert_scores_close(got, want, keys=[S.CHAIN_ID, S.STEP_IDX])
-    assert want.where("info_gain is not null and intra_pvi is not null").count() == sum(len(c[3]) for c in CHAINS)
+    assert _complete(want, "info_gain", "intra_pvi") == sum(len(c[3]) for c in CHAINS)
