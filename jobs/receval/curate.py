@@ -148,14 +148,34 @@ def rule_pass_rates(decisions: DataFrame, rule_list: list[Rule]) -> dict[str, fl
 
 def histogram(df: DataFrame, column: str, bins: int) -> tuple[list[float], list[int]]:
     """Equal-width histogram computed in Spark (only the bin counts reach the driver)."""
-    lo_hi = df.agg(F.min(column), F.max(column)).first()
-    if lo_hi is None or lo_hi[0] is None:
-        return [], []
-    lo, hi = float(lo_hi[0]), float(lo_hi[1])
-    width = (hi - lo) / bins if hi > lo else 1.0
-    idx = F.least(F.floor((F.col(column) - F.lit(lo)) / F.lit(width)).cast("int"), F.lit(bins - 1))
-    counts = dict(df.where(F.col(column).isNotNull()).groupBy(idx.alias("b")).count().collect())
-    return [lo + i * width for i in range(bins + 1)], [int(counts.get(i, 0)) for i in range(bins)]
+    return histograms(df, [column], bins)[column]
+
+
+def histograms(df: DataFrame, columns: list[str], bins: int) -> dict[str, tuple[list[float], list[int]]]:
+    """Equal-width histograms (edges, counts) of several columns in two Spark jobs, not two per column: their
+    ranges in one aggregation, then every column's bin counts in one grouping. A column with no value: ([], [])."""
+    ranges = df.agg(*[F.struct(F.min(c), F.max(c)).alias(c) for c in columns]).first()
+    spans: dict[str, tuple[float, float]] = {}
+    for c in columns:
+        lo, hi = ranges[c][0], ranges[c][1]
+        if lo is not None:
+            spans[c] = (float(lo), (float(hi) - float(lo)) / bins if hi > lo else 1.0)
+    out: dict[str, tuple[list[float], list[int]]] = {c: ([], []) for c in columns}
+    if not spans:
+        return out
+    binned = F.explode(F.array(*[
+        F.struct(F.lit(c).alias("column"),
+                 # least() skips nulls: a null score must stay out of every bin, not land in the last one.
+                 F.when(F.col(c).isNotNull(), F.least(F.floor((F.col(c) - F.lit(lo)) / F.lit(width)).cast("int"),
+                                                      F.lit(bins - 1))).alias("b"))
+        for c, (lo, width) in spans.items()
+    ]))
+    counts = {(r["column"], r["b"]): r["count"]
+              for r in df.select(binned.alias("x")).select("x.*").where(F.col("b").isNotNull())
+              .groupBy("column", "b").count().collect()}
+    for c, (lo, width) in spans.items():
+        out[c] = ([lo + i * width for i in range(bins + 1)], [int(counts.get((c, i), 0)) for i in range(bins)])
+    return out
 
 
 def histogram_png(column: str, edges: list[float], counts: list[int], bounds: dict[str, float]) -> bytes:
@@ -272,14 +292,15 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> C
         counts["reconciled"] = int(n_batch == counts["run_passed"] + counts["run_failed"] or run_id is None)
         pass_rates = rule_pass_rates(this_run, rule_list) if n_batch else {}
         labels = label_agreement(this_run, tables.read(spark, settings.table("chains"), C.SCHEMA)) if n_batch else {}
-        histograms = {}
+        pngs: dict[str, bytes] = {}
         if n_batch:
+            hists = histograms(this_run, [CS.min_col(m) for m in CS.METRIC_NAMES], cfg.histogram_bins)
             for metric in CS.METRIC_NAMES:
                 column = CS.min_col(metric)
-                edges, hist = histogram(this_run, column, cfg.histogram_bins)
+                edges, hist = hists[column]
                 marks = {r.id: r.bound for r in rule_list if r.column == column and r.bound is not None}
-                histograms[metric] = histogram_png(column, edges, hist, marks)
-    return CurationResult(counts, [asdict(r) for r in rule_list], pass_rates, labels, histograms)
+                pngs[metric] = histogram_png(column, edges, hist, marks)
+    return CurationResult(counts, [asdict(r) for r in rule_list], pass_rates, labels, pngs)
 
 
 def metric_name(text: str) -> str:

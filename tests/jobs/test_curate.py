@@ -98,6 +98,17 @@ def test_histogram_equal_width_counts(spark):
     assert curate.histogram(df, "v", 2) == ([0.0, 0.5, 1.0], [2, 2])
 
 
+def test_histograms_of_several_columns_in_two_jobs(spark):
+    df = spark.createDataFrame(
+        [(0.0, 2.0, None), (0.1, 2.0, None), (0.5, 2.0, None), (1.0, 2.0, None), (None, 2.0, None)],
+        "a double, b double, c double")
+    jobs_before = len(spark.sparkContext.statusTracker().getJobIdsForGroup())
+    got = curate.histograms(df, ["a", "b", "c"], 2)
+    # a: width 0.5, 1.0 falls in the last bin; b: one value, width 1 from it; c: no value at all.
+    assert got == {"a": ([0.0, 0.5, 1.0], [2, 2]), "b": ([2.0, 3.0, 4.0], [5, 0]), "c": ([], [])}
+    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup()) - jobs_before == 2
+
+
 def _setup(spark, settings, scores=SCORES):
     tables.insert_new(spark, _scores(spark, settings.scoring_hash(), scores), settings.table("chain_scores"),
                       CS.SCHEMA, [CS.CHAIN_ID, CS.CONFIG_HASH])
