@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+from conftest import folder_settings
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 from pyspark.testing import assertSchemaEqual
@@ -117,10 +119,26 @@ def test_run_ingests_good_rows_quarantines_bad_and_reconciles(spark, make_settin
     assert q.where(F.col(Q.REASON) == "not_json").first()[Q.RAW] == "{broken"
 
 
-def test_run_reingest_adds_nothing_and_new_file_adds_only_new(spark, make_settings, tmp_path: Path):
-    lake_in = _write_lake(tmp_path / "in", [json.dumps(GOOD)])
-    settings = make_settings(f"ingest.input={lake_in}")
-    ingest.run(spark, settings)
+@pytest.fixture(scope="module")
+def one_good(spark, tmp_path_factory) -> tuple[Path, dict[str, int]]:
+    """(folder, counts) of one ingest run of a file with the one GOOD row; tests go on from copies of its folder."""
+    folder = tmp_path_factory.mktemp("one_good")
+    _write_lake(folder / "in", [json.dumps(GOOD)])
+    counts = ingest.run(spark, folder_settings(folder, f"ingest.input={folder / 'in'}"))
+    return folder, counts
+
+
+def _after_one_good(one_good, tmp_path: Path, make_settings):
+    """Settings over a copy of one_good's lake and input folder (a Delta table is its folder)."""
+    folder, counts = one_good
+    assert counts["inserted"] == 1
+    shutil.copytree(folder / "lake", tmp_path / "lake")
+    shutil.copytree(folder / "in", tmp_path / "in")
+    return tmp_path / "in", make_settings(f"ingest.input={tmp_path / 'in'}")
+
+
+def test_run_reingest_adds_nothing_and_new_file_adds_only_new(spark, make_settings, tmp_path: Path, one_good):
+    lake_in, settings = _after_one_good(one_good, tmp_path, make_settings)
     v1 = tables.version(spark, settings.table("chains"))
     again = ingest.run(spark, settings)
     assert again["inserted"] == 0 and again["already_present"] == 1
@@ -131,10 +149,8 @@ def test_run_reingest_adds_nothing_and_new_file_adds_only_new(spark, make_settin
     assert tables.read(spark, settings.table("chains")).count() == 2
 
 
-def test_run_conflicting_content_for_known_id_is_quarantined(spark, make_settings, tmp_path: Path):
-    lake_in = _write_lake(tmp_path / "in", [json.dumps(GOOD)])
-    settings = make_settings(f"ingest.input={lake_in}")
-    ingest.run(spark, settings)
+def test_run_conflicting_content_for_known_id_is_quarantined(spark, make_settings, tmp_path: Path, one_good):
+    lake_in, settings = _after_one_good(one_good, tmp_path, make_settings)
     (lake_in / "part1.jsonl").write_text(json.dumps({**GOOD, "answer": "6"}) + "\n")
     counts = ingest.run(spark, settings)
     assert (counts["inserted"], counts["quarantined"], counts["reconciled"]) == (0, 1, 1)
