@@ -31,7 +31,6 @@ from jobs.infra.config import load_settings, small_built
 from jobs.receval import ingest, pipeline
 
 BAD_INPUT = PROJECT_ROOT / "tests" / "data" / "bad_input" / "files"
-SAMPLE = PROJECT_ROOT / "tests" / "data" / "sample_lake"
 SLOW_BATCH_S = 20  # long enough to kill a worker while its task sleeps, even on a loaded machine
 
 

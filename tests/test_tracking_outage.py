@@ -16,7 +16,6 @@ from delta.tables import DeltaTable
 from jobs.infra.config import PROJECT_ROOT
 from jobs.receval import ingest
 
-SAMPLE = PROJECT_ROOT / "tests" / "data" / "sample_lake"
 # Keep the client from retrying a dead server for minutes.
 QUICK_CLIENT = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 

@@ -146,14 +146,10 @@ def rule_pass_rates(decisions: DataFrame, rule_list: list[Rule]) -> dict[str, fl
     return {k: float(v) for k, v in row.asDict().items() if v is not None}
 
 
-def histogram(df: DataFrame, column: str, bins: int) -> tuple[list[float], list[int]]:
-    """Equal-width histogram computed in Spark (only the bin counts reach the driver)."""
-    return histograms(df, [column], bins)[column]
-
-
 def histograms(df: DataFrame, columns: list[str], bins: int) -> dict[str, tuple[list[float], list[int]]]:
-    """Equal-width histograms (edges, counts) of several columns in two Spark jobs, not two per column: their
-    ranges in one aggregation, then every column's bin counts in one grouping. A column with no value: ([], [])."""
+    """Equal-width histograms (edges, counts) of several columns, computed in Spark (only the bin counts reach the
+    driver) in two jobs, not two per column: their ranges in one aggregation, then every column's bin counts in one
+    grouping. A column with no value: ([], [])."""
     ranges = df.agg(*[F.struct(F.min(c), F.max(c)).alias(c) for c in columns]).first()
     spans: dict[str, tuple[float, float]] = {}
     for c in columns:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import sqlite_store
+from conftest import folder_settings
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual, assertSchemaEqual
 from tolerance import exact
@@ -95,7 +95,7 @@ def test_transform_no_rules_passes_everything(spark, make_settings):
 
 def test_histogram_equal_width_counts(spark):
     df = spark.createDataFrame([(0.0,), (0.1,), (0.5,), (1.0,), (None,)], "v double")
-    assert curate.histogram(df, "v", 2) == ([0.0, 0.5, 1.0], [2, 2])
+    assert curate.histograms(df, ["v"], 2) == {"v": ([0.0, 0.5, 1.0], [2, 2])}
 
 
 def test_histograms_of_several_columns_in_two_jobs(spark):
@@ -141,13 +141,7 @@ class NightOne:
 @pytest.fixture(scope="module")
 def night_one(spark, tmp_path_factory) -> NightOne:
     """One curate run (RULES) over the hand-built scores; tests read it, or copy its lake and go on from it."""
-    from jobs.infra.config import load_settings
-
-    tmp = tmp_path_factory.mktemp("curate")
-    settings = load_settings(overrides=[
-        f"paths.lake={tmp / 'lake'}", f"mlflow.tracking_uri={sqlite_store(tmp / 'mlruns.db')}", "spark.master=local[2]",
-        "spark.shuffle_partitions=2", *RULES,
-    ], environ={})
+    settings = folder_settings(tmp_path_factory.mktemp("curate"), *RULES)
     _setup(spark, settings)
     return NightOne(settings, curate.run(spark, settings, run_id="run-1"))
 

@@ -16,10 +16,8 @@ import pytest
 from conftest import copy_sample, sqlite_store
 from pipeline_fakes import Fakes
 
-from jobs.infra.config import PROJECT_ROOT, load_settings
+from jobs.infra.config import load_settings
 from jobs.infra.tracking import JobRun
-
-SAMPLE = PROJECT_ROOT / "tests" / "data" / "sample_lake"
 
 
 def held(spark) -> tuple[int, bool, int]:

@@ -10,17 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import copy_sample, sqlite_store
+from conftest import SAMPLE_LAKE, copy_sample, sqlite_store
 from pipeline_fakes import QUARANTINE_MARK, Fakes
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from jobs.infra import tables
-from jobs.infra.config import PROJECT_ROOT, Settings
+from jobs.infra.config import Settings
 from jobs.infra.tracking import JobRun
 from jobs.receval import pipeline
 
-SAMPLE = PROJECT_ROOT / "tests" / "data" / "sample_lake"
 # Columns a rerun legitimately changes: when a row was written and by which run.
 VOLATILE = {"ingested_at", "scored_at", "curated_at", "quarantined_at", "recorded_at", "seen_at", "run_id"}
 RESULT_TABLES = ["chains", "steps", "contexts", "step_scores", "chain_scores", "unscored", "curation", "curated",
@@ -170,7 +169,7 @@ def test_summary_scores_by_label_of_the_run(spark, clean_run, capsys):
 
     settings = clean_run.settings
     ok = {json.loads(line)["chain_id"]: json.loads(line)["labels"]["verifier_correct"]
-          for line in (SAMPLE / "gsm8k_sample.jsonl").read_text().splitlines()}
+          for line in (SAMPLE_LAKE / "gsm8k_sample.jsonl").read_text().splitlines()}
     scores = {r["chain_id"]: r for r in tables.read(spark, settings.table("chain_scores")).collect()}
     got = {(r["dataset"], r["label"], r["value"]): r for r in clean_run.summary.label_scores}
     groups = {("gsm8k", "all", None): list(ok), ("gsm8k", "verifier_correct", 1.0): [c for c in ok if ok[c] == 1.0],

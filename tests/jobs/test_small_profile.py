@@ -8,12 +8,10 @@ import json
 import shutil
 
 import pytest
-from conftest import sqlite_store
+from conftest import SAMPLE_LAKE, sqlite_store
 
-from jobs.infra.config import PROJECT_ROOT, small_built
+from jobs.infra.config import small_built
 from jobs.receval import pipeline
-
-SAMPLE = PROJECT_ROOT / "tests" / "data" / "sample_lake"
 
 pytestmark = [
     pytest.mark.manual,
@@ -28,7 +26,7 @@ def scored(spark, tmp_path_factory) -> tuple[dict[str, bool], list, pipeline.Sum
     from pyspark.sql import functions as F
 
     tmp = tmp_path_factory.mktemp("small")
-    shutil.copytree(SAMPLE, tmp / "input")
+    shutil.copytree(SAMPLE_LAKE, tmp / "input")
     summary = pipeline.main([
         f"--set=paths.lake={tmp / 'lake'}", f"--set=ingest.input={tmp / 'input'}",
         f"--set=mlflow.tracking_uri={sqlite_store(tmp / 'mlruns.db')}", f"--set=mlflow.artifact_location={tmp}/mlartifacts",
@@ -37,7 +35,7 @@ def scored(spark, tmp_path_factory) -> tuple[dict[str, bool], list, pipeline.Sum
     ])
     # Known bad: the chains whose final answer is wrong (the sample's verifier_correct label, ROSCOE GSM-8K).
     good = {json.loads(line)["chain_id"]: json.loads(line)["labels"]["verifier_correct"] == 1.0
-            for line in (SAMPLE / "gsm8k_sample.jsonl").read_text().splitlines()}
+            for line in (SAMPLE_LAKE / "gsm8k_sample.jsonl").read_text().splitlines()}
     rows = (spark.read.format("delta").load(str(tmp / "lake" / "chain_scores"))
             .where(F.col("config_hash") == summary.config_hash)
             .select("chain_id", "intra_entail_min", "inter_min").collect())
