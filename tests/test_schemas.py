@@ -42,3 +42,41 @@ def test_ensure_writes_tables_with_contract_schema(spark, settings):
     }.items():
         tables.ensure(spark, settings.table(name), schema)
         assertSchemaEqual(tables.read(spark, settings.table(name)).schema, schema)
+        # Every column nullable at every depth, as the DataFrame write that made these tables before did: a
+        # contract's non-null field is checked by validation, never a write-time constraint of the table.
+        assert tables.read(spark, settings.table(name)).schema == tables.as_nullable(schema), name
+
+
+def test_as_nullable_makes_every_field_element_and_value_nullable():
+    from pyspark.sql.types import ArrayType, DoubleType, MapType, StringType, StructField, StructType
+
+    inner = StructType([StructField("x", DoubleType(), False)])
+    schema = StructType([
+        StructField("id", StringType(), False, {"comment": "key"}),
+        StructField("steps", ArrayType(inner, containsNull=False), False),
+        StructField("probs", MapType(StringType(), DoubleType(), valueContainsNull=False), True),
+    ])
+    nullable_inner = StructType([StructField("x", DoubleType(), True)])
+    assert tables.as_nullable(schema) == StructType([
+        StructField("id", StringType(), True, {"comment": "key"}),
+        StructField("steps", ArrayType(nullable_inner, containsNull=True), True),
+        StructField("probs", MapType(StringType(), DoubleType(), valueContainsNull=True), True),
+    ])
+
+
+def test_ensure_makes_partitioned_table_with_properties_and_no_data_files(spark, tmp_path):
+    import os
+
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    schema = StructType([StructField("id", StringType(), False), StructField("day", StringType(), True)])
+    path = str(tmp_path / "t")
+    tables.ensure(spark, path, schema, partition_by=["day"], properties={"delta.enableChangeDataFeed": "true"})
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
+    assert (detail["partitionColumns"], detail["numFiles"]) == (["day"], 0)
+    assert tables.table_properties(spark, path)["delta.enableChangeDataFeed"] == "true"
+    assert sorted(os.listdir(path)) == ["_delta_log"]  # a metadata-only commit: no empty data file
+    assert tables.version(spark, path) == 0
+    # Existing: nothing new is committed.
+    tables.ensure(spark, path, schema, partition_by=["day"], properties={"delta.enableChangeDataFeed": "true"})
+    assert tables.version(spark, path) == 0
