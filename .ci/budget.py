@@ -1,7 +1,8 @@
 """A test set's time against its budget, in quiet-machine seconds (called by .ci/run; tests/test_ci_budget.py).
 
-    python3 .ci/budget.py TOOK_S PROBE_BEFORE PROBE_AFTER PROBE_QUIET BUSY_TICKS STEAL_TICKS
-prints one line, `SLOWDOWN QUIET_S NOTE`, where NOTE describes the CPUs over the set (busy seconds, steal).
+    python3 .ci/budget.py TOOK_S BUDGET_S PROBE_BEFORE PROBE_AFTER PROBE_QUIET BUSY_TICKS STEAL_TICKS
+prints one line, `SLOWDOWN QUIET_S VERDICT NOTE`: VERDICT is `over` when the quiet-machine time is more than 25%
+over the budget, else `ok`; NOTE describes the CPUs over the set (busy seconds, steal).
 The slowdown is the probes' mean over a quiet host's probe, never below 1: a faster host than the reference
 does not tighten the budget, a busier one widens it by as much as it slows a fixed workload.
 """
@@ -32,8 +33,10 @@ def cpu_note(took: float, busy_ticks: int, steal_ticks: int, hz: int, cores: int
 
 
 if __name__ == "__main__":
-    took, before, after, quiet = (float(a) for a in sys.argv[1:5])
-    busy, steal = (int(a) for a in sys.argv[5:7])
+    took, budget_s, before, after, quiet = (float(a) for a in sys.argv[1:6])
+    busy, steal = (int(a) for a in sys.argv[6:8])
     factor = slowdown(before, after, quiet)
+    normal = quiet_seconds(took, factor)
+    verdict = "over" if over_budget(normal, int(budget_s)) else "ok"
     note = cpu_note(took, busy, steal, os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1)
-    print(f"{factor:.2f} {quiet_seconds(took, factor)} {note}")
+    print(f"{factor:.2f} {normal} {verdict} {note}")

@@ -2,10 +2,10 @@
 
 Prints the seconds a fixed pure-Python workload takes on two processes at once (median of three rounds). On a
 quiet 2-core machine of CI's kind it takes 0.88-1.00 s; each busy process beside it adds about half of that
-(one busy loop beside it: 1.52 s, two: 2.08 s). CI's machines are shared: the same test set has taken 1,359 s and
-2,668 s in two CI runs of nearly the same code, so a fixed budget in wall-clock seconds either misses creep or
-fails on a busy day (the same set took 503 s here with this probe at 0.95 s). `.ci/run` runs this before and after each test set and divides the set's time by the
-slowdown it shows (never by less than 1).
+(one busy loop beside it: 1.52 s, two: 2.08 s). CI's machines are shared: the same test set has taken 1,359 s
+and 2,668 s in two CI runs of nearly the same code, and 971 s here with this probe at 0.88-0.93 s, so a fixed
+budget in wall-clock seconds either misses creep or fails on a busy day. `.ci/run` runs this before and after
+each test set and divides the set's time by the slowdown it shows (never by less than 1; .ci/budget.py).
 """
 
 import multiprocessing as mp

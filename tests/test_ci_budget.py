@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,11 +32,16 @@ def test_a_busy_host_widens_the_budget_by_its_slowdown_and_creep_still_fails():
     assert not budget.over_budget(700, 560) and budget.over_budget(701, 560)
 
 
-def test_cli_prints_slowdown_quiet_seconds_and_the_cpus():
-    out = subprocess.run(
-        [sys.executable, str(CI / "budget.py"), "1000", "1.84", "1.84", "0.92", "150000", "2000"],
-        capture_output=True, text=True, check=True,
-    ).stdout.split(maxsplit=2)
-    hz = __import__("os").sysconf("SC_CLK_TCK")
-    assert out[:2] == ["2.00", "500"]
-    assert out[2].startswith(f"CPU busy {150000 / hz:.0f} s, steal ")
+def _cli(*args: str) -> list[str]:
+    out = subprocess.run([sys.executable, str(CI / "budget.py"), *args], capture_output=True, text=True, check=True)
+    return out.stdout.split(maxsplit=3)
+
+
+def test_cli_prints_slowdown_quiet_seconds_verdict_and_the_cpus():
+    hz = os.sysconf("SC_CLK_TCK")
+    out = _cli("1000", "400", "1.84", "1.84", "0.92", "150000", "2000")
+    assert out[:3] == ["2.00", "500", "ok"]  # 500 quiet-machine seconds of a 400 s budget: 125%, allowed
+    assert out[3].startswith(f"CPU busy {150000 / hz:.0f} s, steal ")
+    assert _cli("1002", "400", "1.84", "1.84", "0.92", "0", "0")[:3] == ["2.00", "501", "over"]
+    # A set without a probe (.ci/run passes the quiet probe twice): its wall time is what counts.
+    assert _cli("76", "60", "0.92", "0.92", "0.92", "0", "0")[:3] == ["1.00", "76", "over"]

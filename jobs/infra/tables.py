@@ -102,8 +102,8 @@ def ensure(
     if not exists(spark, path):
         # A metadata-only commit (Delta's table builder): no Spark job and no empty data file, where writing an
         # empty frame ran both (0.34 -> 0.19 s a table on 2 cores, bench/table_create.py; a new lake gets 14).
-        # Columns nullable, as a DataFrame write makes them: a NOT NULL column would be a write-time constraint
-        # the contracts never asked the tables to enforce (validation quarantines such rows before a write).
+        # Columns nullable, as the DataFrame write made them: the builder would turn a contract's non-null field
+        # into a NOT NULL constraint that tables made before never had (a behaviour change, not a speed-up).
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(as_nullable(schema))
         if partition_by:
             builder = builder.partitionedBy(*partition_by)
