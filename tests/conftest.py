@@ -26,8 +26,9 @@ SHARED_LOCK = PROJECT_ROOT / ".pytest-shared.lock"
 # The test JVM runs short jobs on tiny tables: the C1 compiler alone starts and warms up faster than tiered
 # compilation with C2, whose compile threads compete with the work on 2 cores (docs/TESTING.md: ~1.5x on a
 # Delta MERGE + pandas UDF loop). Jobs keep the JVM's defaults; this is the test session only.
+# C1 alone reserves a 48 MB code cache, which a test process's JVM filled (tests/spark-conf says more): 256 MB.
 # Spark applications get it from tests/spark-conf; the standalone cluster's daemons (not applications) from here.
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
 # Spark defaults for every application the tests start, in process or as a subprocess (interpreted expressions,
 # C1): see the file's comments. Set before any JVM starts; subprocesses inherit it.
 TEST_SPARK_CONF_DIR = PROJECT_ROOT / "tests" / "spark-conf"
@@ -171,7 +172,8 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
-    """A real `mlflow server` on 127.0.0.1 with a sqlite store; yields its URI, stopped by PID at the end."""
+    """A real `mlflow server` on 127.0.0.1 with a sqlite store; yields its URI, stopped by PID at the end. The store
+    starts as a copy of the template (`sqlite_store`), so the server does not run the schema migrations first."""
     import subprocess
     import time
     import urllib.request
@@ -181,7 +183,7 @@ def mlflow_server(tmp_path_factory):
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "mlflow", "server",
-            "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
+            "--backend-store-uri", sqlite_store(folder / "mlflow.db"),
             "--artifacts-destination", str(folder / "artifacts"),
             "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
         ],

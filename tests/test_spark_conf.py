@@ -16,8 +16,13 @@ def test_session_runs_interpreted_expressions_with_c1(spark):
     assert spark.conf.get("spark.sql.codegen.wholeStage") == "false"
     assert conf.get("spark.executor.extraJavaOptions").endswith(TEST_JVM_OPTIONS)
     # The driver JVM itself runs with it (the session fixture no longer names it: the defaults file does).
-    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
-    assert TEST_JVM_OPTIONS in list(runtime.getInputArguments())
+    jvm = spark.sparkContext._jvm
+    runtime = jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    assert set(TEST_JVM_OPTIONS.split()) <= set(runtime.getInputArguments())
+    # The code cache C1 alone would reserve (48 MB) filled up in a test process's JVM: 256 MB are reserved.
+    hotspot = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    assert hotspot.getVMOption("ReservedCodeCacheSize").getValue() == str(256 << 20)
     # Interpreted and generated projections agree: a wide projection of mixed types, as Delta's encoders build.
     df = spark.range(5).selectExpr("id", "id * 2.5 AS x", "CAST(id AS STRING) AS s", "named_struct('a', id) AS t")
     assert [tuple(r) for r in df.orderBy("id").collect()] == [(i, i * 2.5, str(i), (i,)) for i in range(5)]
