@@ -1,4 +1,5 @@
-"""Every job run is an MLflow run that lives as long as the job: against a real `mlflow server` and sqlite."""
+"""Every job run is an MLflow run that lives as long as the job, on sqlite stores (against a real `mlflow server`:
+tests/test_tracking_server.py)."""
 
 from __future__ import annotations
 
@@ -8,42 +9,6 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from jobs.infra.tracking import job_run
-
-
-def test_job_run_is_visible_while_running_and_ends_finished(mlflow_server, settings, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
-    client = MlflowClient(mlflow_server)
-    with job_run(settings, "unit-job") as run:
-        run.log_metrics({"chains_done": 10}, step=1)
-        run.log_metrics({"chains_done": 20}, step=2)
-        run.log_table("chains", "/lake/chains", 3, "input")
-        run.log_table("curated", "/lake/curated", 7, "output")
-        run.log_text("notes/summary.md", "# hello")
-        child = run.child("stage-a")
-        child.log_metrics({"seconds": 1.5})
-        # While the job works, its run is there with what it has reported so far.
-        live = client.get_run(run.run_id)
-        assert live.info.status == "RUNNING"
-        assert [(m.step, m.value) for m in client.get_metric_history(run.run_id, "chains_done")] == [(1, 10), (2, 20)]
-        assert client.get_run(child.run_id).info.status == "RUNNING"
-    got = client.get_run(run.run_id)
-    assert got.info.status == "FINISHED"
-    assert got.info.end_time - got.info.start_time >= 0 and got.data.metrics["wall_seconds"] > 0
-    assert got.data.params["runtime.batch_size"] == "32"
-    assert got.data.params["models.profile"] == "offline"
-    tags = got.data.tags
-    assert tags["mlflow.source.type"] == "JOB" and tags["mlflow.runName"] == "unit-job"
-    assert len(tags["mlflow.source.git.commit"]) == 40 and "mlflow.user" in tags
-    assert tags["models_profile"] == "offline" and tags["spark_master"] == "local[2]"
-    inputs = {(d.dataset.name, d.tags[0].value, d.dataset.source_type) for d in got.inputs.dataset_inputs}
-    assert inputs == {("chains", "input", "delta"), ("curated", "output", "delta")}
-    sources = {d.dataset.name: d.dataset.source for d in got.inputs.dataset_inputs}
-    assert '"delta_table_version": 7' in sources["curated"] and '"/lake/curated"' in sources["curated"]
-    assert {"config", "notes"} <= {a.path for a in client.list_artifacts(run.run_id)}
-    children = client.search_runs(
-        [got.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run.run_id}'"
-    )
-    assert [(c.data.metrics["seconds"], c.info.status) for c in children] == [(1.5, "FINISHED")]
 
 
 def test_job_run_default_store_is_sqlite_in_project(settings, monkeypatch):

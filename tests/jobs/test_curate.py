@@ -139,10 +139,20 @@ class NightOne:
 
 
 @pytest.fixture(scope="module")
-def night_one(spark, tmp_path_factory) -> NightOne:
+def scored(spark, tmp_path_factory) -> Path:
+    """A lake holding the hand-built chain_scores and chains only (`_setup`; curation settings do not enter the
+    scoring hash): the curate runs below start from copies of it."""
+    folder = tmp_path_factory.mktemp("scored")
+    _setup(spark, folder_settings(folder))
+    return folder / "lake"
+
+
+@pytest.fixture(scope="module")
+def night_one(spark, scored, tmp_path_factory) -> NightOne:
     """One curate run (RULES) over the hand-built scores; tests read it, or copy its lake and go on from it."""
-    settings = folder_settings(tmp_path_factory.mktemp("curate"), *RULES)
-    _setup(spark, settings)
+    folder = tmp_path_factory.mktemp("curate")
+    shutil.copytree(scored, folder / "lake")
+    settings = folder_settings(folder, *RULES)
     return NightOne(settings, curate.run(spark, settings, run_id="run-1"))
 
 
@@ -177,9 +187,9 @@ def test_run_twice_adds_nothing(spark, night_one, make_settings, lake):
     assert {n: tables.version(spark, settings.table(n)) for n in versions} == versions
 
 
-def test_run_killed_after_decisions_finishes_from_stored_decisions(spark, make_settings, monkeypatch):
+def test_run_killed_after_decisions_finishes_from_stored_decisions(spark, scored, lake, make_settings, monkeypatch):
+    shutil.copytree(scored, lake)
     settings = make_settings(*RULES)
-    _setup(spark, settings)
 
     def killed(_):
         raise KeyboardInterrupt("killed after the decisions MERGE")
@@ -215,12 +225,12 @@ def test_run_new_rules_curate_again_under_new_rules_hash(spark, night_one, make_
     ]
 
 
-def test_run_quantile_reference_table(spark, make_settings, tmp_path):
+def test_run_quantile_reference_table(spark, scored, lake, make_settings, tmp_path):
     ref_path = str(tmp_path / "reference")
     ref = _scores(spark, "other", {"r1": (0.5, 0.2, True, 2), "r2": (0.5, 0.4, True, 2)})
     ref.write.format("delta").save(ref_path)
+    shutil.copytree(scored, lake)
     settings = make_settings("curation.quantiles={inter: 0.5}", f"curation.quantile_reference={ref_path}")
-    _setup(spark, settings)
     result = curate.run(spark, settings, run_id="run-1")
     assert result.rules[0]["bound"] == exact(0.3)
     rejected = tables.read(spark, settings.table("rejected")).select(CU.CHAIN_ID).collect()
