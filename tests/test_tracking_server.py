@@ -30,13 +30,18 @@ from jobs.receval import ingest
 QUICK_CLIENT = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 
 
+def point_at_dead_server(mp: pytest.MonkeyPatch) -> str:
+    """Set MLFLOW_TRACKING_URI to a port nothing listens on (just handed back by the kernel), quick to give up."""
+    uri = f"http://127.0.0.1:{free_port()}"
+    mp.setenv("MLFLOW_TRACKING_URI", uri)
+    for key, value in QUICK_CLIENT.items():
+        mp.setenv(key, value)
+    return uri
+
+
 @pytest.fixture
 def dead_tracking(monkeypatch) -> str:
-    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens on a port just handed back by the kernel
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    for key, value in QUICK_CLIENT.items():
-        monkeypatch.setenv(key, value)
-    return uri
+    return point_at_dead_server(monkeypatch)
 
 
 def ingest_args(lake: Path) -> list[str]:
@@ -67,12 +72,9 @@ def outage(spark, tmp_path_factory) -> Outage:
     """`python -m jobs.receval.ingest` once with a dead tracking server; the tests read its lake and bundle (the
     replay test sends a copy of the bundle)."""
     lake = tmp_path_factory.mktemp("outage") / "lake"
-    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens on a port just handed back by the kernel
     err = io.StringIO()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", uri)
-        for key, value in QUICK_CLIENT.items():
-            mp.setenv(key, value)
+        uri = point_at_dead_server(mp)
         # Jobs log to the standard error as it is at each record (jobs.infra.logs).
         with contextlib.redirect_stderr(err):
             counts = ingest.main(ingest_args(lake))

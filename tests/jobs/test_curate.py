@@ -156,9 +156,9 @@ def night_one(spark, scored, tmp_path_factory) -> NightOne:
     return NightOne(settings, curate.run(spark, settings, run_id="run-1"))
 
 
-def _after_night_one(night_one: NightOne, lake: Path, make_settings, *overrides: str):
-    """Settings over an independent copy of night one's lake (a Delta table is its folder)."""
-    shutil.copytree(night_one.lake, lake)
+def _copy_of(source: Path, lake: Path, make_settings, *overrides: str):
+    """Settings over an independent copy of a module fixture's lake (a Delta table is its folder)."""
+    shutil.copytree(source, lake)
     return make_settings(*overrides)
 
 
@@ -180,7 +180,7 @@ def test_run_tables_counts_pass_rates_and_labels(spark, night_one):
 
 
 def test_run_twice_adds_nothing(spark, night_one, make_settings, lake):
-    settings = _after_night_one(night_one, lake, make_settings, *RULES)
+    settings = _copy_of(night_one.lake, lake, make_settings, *RULES)
     versions = {n: tables.version(spark, settings.table(n)) for n in ("curation", "curated", "rejected")}
     again = curate.run(spark, settings, run_id="run-2")
     assert again.counts["batch"] == 0 and again.counts["curated"] == 0 and again.counts["rejected"] == 0
@@ -188,8 +188,7 @@ def test_run_twice_adds_nothing(spark, night_one, make_settings, lake):
 
 
 def test_run_killed_after_decisions_finishes_from_stored_decisions(spark, scored, lake, make_settings, monkeypatch):
-    shutil.copytree(scored, lake)
-    settings = make_settings(*RULES)
+    settings = _copy_of(scored, lake, make_settings, *RULES)
 
     def killed(_):
         raise KeyboardInterrupt("killed after the decisions MERGE")
@@ -212,7 +211,7 @@ def test_run_killed_after_decisions_finishes_from_stored_decisions(spark, scored
 
 
 def test_run_new_rules_curate_again_under_new_rules_hash(spark, night_one, make_settings, lake):
-    settings = _after_night_one(night_one, lake, make_settings, *RULES)
+    settings = _copy_of(night_one.lake, lake, make_settings, *RULES)
     looser = make_settings("curation.thresholds={intra_entail: 0.1}")
     result = curate.run(spark, looser, run_id="run-2")
     assert result.counts["batch"] == 5
@@ -229,8 +228,8 @@ def test_run_quantile_reference_table(spark, scored, lake, make_settings, tmp_pa
     ref_path = str(tmp_path / "reference")
     ref = _scores(spark, "other", {"r1": (0.5, 0.2, True, 2), "r2": (0.5, 0.4, True, 2)})
     ref.write.format("delta").save(ref_path)
-    shutil.copytree(scored, lake)
-    settings = make_settings("curation.quantiles={inter: 0.5}", f"curation.quantile_reference={ref_path}")
+    settings = _copy_of(scored, lake, make_settings, "curation.quantiles={inter: 0.5}",
+                        f"curation.quantile_reference={ref_path}")
     result = curate.run(spark, settings, run_id="run-1")
     assert result.rules[0]["bound"] == exact(0.3)
     rejected = tables.read(spark, settings.table("rejected")).select(CU.CHAIN_ID).collect()
@@ -239,7 +238,7 @@ def test_run_quantile_reference_table(spark, scored, lake, make_settings, tmp_pa
 
 def test_change_feed_of_curated_returns_only_the_new_nights_rows(spark, night_one, make_settings, lake):
     """A downstream reader of `curated`/`rejected` takes what a night added from the Delta change data feed."""
-    settings = _after_night_one(night_one, lake, make_settings, *RULES)
+    settings = _copy_of(night_one.lake, lake, make_settings, *RULES)
     after_night_1 = {n: tables.version(spark, settings.table(n)) for n in ("curated", "rejected")}
     night_2 = {"c6": (0.95, 0.9, True, 3), "c7": (0.1, 0.9, True, 3), "c8": (0.8, 0.95, True, 4)}
     tables.insert_new(spark, _scores(spark, settings.scoring_hash(), night_2), settings.table("chain_scores"),
