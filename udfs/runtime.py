@@ -23,11 +23,31 @@ class ModelUnavailable(RuntimeError):
     """A configured model is neither a local folder nor in the local Hugging Face cache."""
 
 
+# `registry:<name>`: a model of conf/model_registry.yaml, fetched into models/<name> by jobs.infra.models; this
+# file in the folder marks a finished fetch (the fetch writes it last).
+REGISTRY_PREFIX = "registry:"
+REGISTRY_RECORD = "model_record.json"
+
+
+def registry_folder(name: str) -> Path:
+    """models/<name> for `registry:<name>`, or a ModelUnavailable naming the command that fetches it."""
+    folder = PROJECT_ROOT / "models" / name
+    if not (folder / REGISTRY_RECORD).is_file():
+        raise ModelUnavailable(
+            f"registered model {name!r} is not fetched here ({folder} has no {REGISTRY_RECORD}): run "
+            f"`python -m jobs.infra.models fetch {name}` (python -m jobs.infra.models list shows the registry)"
+        )
+    return folder
+
+
 def resolve_model_path(path: str) -> str:
-    """`pip:<module>` -> the weights a pip package ships; a relative folder -> absolute; else an HF id."""
+    """`pip:<module>` -> the weights a pip package ships; `registry:<name>` -> models/<name>, fetched by
+    jobs.infra.models; a relative folder -> absolute; else an HF id."""
     if path.startswith("pip:"):
         module = importlib.import_module(path[4:])
         return str(module.get_model_path())
+    if path.startswith(REGISTRY_PREFIX):
+        return str(registry_folder(path[len(REGISTRY_PREFIX):]))
     p = Path(path).expanduser()
     if not p.is_absolute() and (PROJECT_ROOT / p).exists():
         return str(PROJECT_ROOT / p)

@@ -80,12 +80,28 @@ class MlflowSettings(Section):
     artifact_location: str = "mlartifacts"
 
 
+def registered_model_names() -> list[str]:
+    """The names of conf/model_registry.yaml (jobs.infra.models), read without validating the entries."""
+    raw = yaml.safe_load((CONF_DIR / "model_registry.yaml").read_text()) or {}
+    return list((raw.get("models") or {}) if isinstance(raw, dict) else {})
+
+
 class ModelRef(Section):
-    """A model by Hugging Face id or local path (relative paths are resolved against the project)."""
+    """A model by Hugging Face id, local path (relative paths are resolved against the project), `pip:<module>`
+    (weights a pip dependency ships) or `registry:<name>` (conf/model_registry.yaml, fetched into models/<name>
+    by `python -m jobs.infra.models fetch <name>`)."""
 
     path: str
     family: Literal["causal", "seq2seq", "nli", "spacy", "embedding", "srl"] = "causal"
     revision: str | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        # A typo in a registry name fails when the config is read, not when a job first loads the model.
+        if value.startswith("registry:") and value[len("registry:"):] not in (known := registered_model_names()):
+            raise ValueError(f"{value!r}: no such model in conf/model_registry.yaml; registered: {', '.join(known)}")
+        return value
 
 
 class ModelsSettings(Section):
