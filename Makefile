@@ -45,8 +45,11 @@ data: setup
 # python -m jobs.receval.train_nli, about 75 min on 2 cores) and the PVI models g, g' and the information-gain
 # model (models/pvi-small/<kind>: small T5s from random weights on EntailmentBank task_1 train, early-stopped on
 # dev, python -m jobs.receval.train_pvi; times in the README). `make run` uses the profile once all are built.
+# Registered pretrained models (conf/model_registry.yaml, python -m jobs.infra.models) are fetched before any
+# training, each only when its folder lacks a finished fetch: gemma3-270m (a pretrained causal LM, ~2.5 min).
 models: setup
 	$(PYTHON) -m jobs.infra.data fetch sick p3_heldout entailment_bank $(if $(FROM),--from $(FROM))
+	@test -f models/gemma3-270m/model_record.json || $(PYTHON) -m jobs.infra.models fetch gemma3-270m
 	@test -f models/nli-small/train_nli.json || $(PYTHON) -m jobs.receval.train_nli $(ARGS)
 	@test -f models/pvi-small/g/train_pvi.json || \
 	  $(PYTHON) -m jobs.receval.train_pvi --set models.profile=small --set train_pvi.kind=g $(ARGS)
