@@ -573,9 +573,10 @@ def show(registry: dict[str, RegisteredModel], models_dir: Path) -> None:
         table.add_column(column, justify="right" if column == "download" else "left",
                          no_wrap=column in ("name", "format", "download", "status"))  # fmt: skip
     for m in registry.values():
-        packages = ", ".join(w.requirement for w in m.wheels)
+        # The first package and a count: a model's wheels are one family of names (conf/model_registry.yaml).
+        packages = m.wheels[0].requirement + (f" and {len(m.wheels) - 1} more" if len(m.wheels) > 1 else "")
         status = "present" if is_present(m, models_dir) else "missing"
-        table.add_row(m.name, m.format, packages, human_size(m.download_size), m.licence.split(" (")[0], status)
+        table.add_row(m.name, m.format, packages, human_size(m.download_size), re.split(r" \(|,", m.licence)[0], status)
     Console().print(table)
 
 
