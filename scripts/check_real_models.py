@@ -29,7 +29,7 @@ def mean_logprob(model, tokenizer, prefix: str, continuation: str) -> float:
     full = tokenizer(prefix + continuation, return_tensors="pt").input_ids
     with torch.no_grad():
         logp = torch.log_softmax(model(full).logits[0, :-1].float(), dim=-1)
-    targets = full[0, ids.shape[1]:]
+    targets = full[0, ids.shape[1] :]
     picked = logp[ids.shape[1] - 1 :].gather(1, targets[:, None])[:, 0]
     return float(picked.mean())
 
@@ -49,14 +49,18 @@ def check_qwen(max_new_tokens: int = 48) -> dict:
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False)
     seconds = time.monotonic() - start
-    new = out[0, ids["input_ids"].shape[1]:]
+    new = out[0, ids["input_ids"].shape[1] :]
     return {"reply": tok.decode(new, skip_special_tokens=True), "new_tokens": int(new.shape[0]),
             "tokens_per_s": round(new.shape[0] / seconds, 1)}  # fmt: skip
 
 
 def check_mpnet() -> dict:
     model, tok = load_model("registry:all-mpnet-base-v2", "embedding")
-    texts = ["A man is playing a guitar.", "Someone plays an acoustic guitar.", "The stock market fell today."]
+    texts = [
+        "A man is playing a guitar.",
+        "Someone plays an acoustic guitar.",
+        "The stock market fell today.",
+    ]
     batch = tok(texts, padding=True, return_tensors="pt")
     with torch.no_grad():
         hidden = model(**batch).last_hidden_state
@@ -65,11 +69,17 @@ def check_mpnet() -> dict:
     return {"paraphrase": round(float(emb[0] @ emb[1]), 3), "unrelated": round(float(emb[0] @ emb[2]), 3)}
 
 
-CHECKS = {"gemma3-270m": check_gemma, "qwen2.5-coder-0.5b-instruct": check_qwen, "all-mpnet-base-v2": check_mpnet}
+CHECKS = {
+    "gemma3-270m": check_gemma,
+    "qwen2.5-coder-0.5b-instruct": check_qwen,
+    "all-mpnet-base-v2": check_mpnet,
+}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("names", nargs="*", default=list(CHECKS))
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
@@ -77,7 +87,9 @@ def main() -> int:
     for name in args.names:
         start = time.monotonic()
         result = CHECKS[name]()
-        print(json.dumps({"model": name, **result, "seconds": round(time.monotonic() - start, 1)}), flush=True)
+        print(
+            json.dumps({"model": name, **result, "seconds": round(time.monotonic() - start, 1)}), flush=True
+        )
     return 0
 
 

