@@ -1,11 +1,11 @@
 """The lake as readers without a JVM see it: delta-rs (`deltalake`) into pandas, polars, and Spark's read of the
 same table, each brought to plain Python rows for whole-table comparison.
 
-Each reader hands the same Delta types over in its own shape: a map is a dict in Spark, a list of (key, value)
-tuples in pandas from deltalake, a list of {"key", "value"} structs in polars; an array is a list or a numpy
-array; a timestamp a naive local-time datetime (Spark's collect), a pandas Timestamp or an aware datetime; a
-null number None or NaN. `plain` walks the Spark schema of the table (its contract) to put every value in one
-shape, so two readers agree exactly when they read the same rows.
+Each reader hands the same Delta types over in its own shape: a map is a dict in Spark and polars 2, a list of
+(key, value) tuples in pandas from deltalake (a list of {"key", "value"} structs in polars 1); an array is a list
+or a numpy array; a timestamp a naive local-time datetime (Spark's collect), a pandas Timestamp or an aware
+datetime; a null number None, NaN or NaT. `plain` walks the Spark schema of the table (its contract) to put
+every value in one shape, so two readers agree exactly when they read the same rows.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def plain(value: Any, dtype: DataType) -> Any:
     if isinstance(dtype, MapType):
         if isinstance(value, dict):
             pairs = value.items()
-        else:  # (key, value) tuples (pyarrow) or {"key", "value"} structs (polars)
+        else:  # (key, value) tuples (pandas from arrow) or {"key", "value"} structs (polars 1)
             pairs = [(p["key"], p["value"]) if isinstance(p, dict) else tuple(p) for p in value]
         return {plain(k, dtype.keyType): plain(v, dtype.valueType) for k, v in pairs}
     if isinstance(dtype, ArrayType):

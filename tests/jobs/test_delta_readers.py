@@ -34,7 +34,7 @@ SCHEMA = StructType([
 AT = dt.datetime(2026, 12, 3, 1, 2, 3, 456789, tzinfo=dt.timezone.utc)
 
 # The same two rows as each reader returns them (shapes seen from Spark 4.2 collect, deltalake 1.6.6 to_pandas
-# and polars 2.1 to_dicts on the pipeline's tables).
+# and polars 2.1 to_dicts on the pipeline's tables; the machine's time zone UTC).
 SPARK = [
     # collect: a map is a dict, a struct a Row, a timestamp naive in the driver's local time
     {"chain_id": "c1", "worst_step": 2, "score": 0.25, "labels": {"clean": 1.0, "QUAL": 3.0}, "steps": ["a", "b"],
@@ -51,9 +51,8 @@ PANDAS = [
      "at": pd.Timestamp(AT)},
 ]
 POLARS = [
-    # polars to_dicts: a map is a list of {"key", "value"} structs, timestamps aware
-    {"chain_id": "c1", "worst_step": 2, "score": 0.25,
-     "labels": [{"key": "clean", "value": 1.0}, {"key": "QUAL", "value": 3.0}], "steps": ["a", "b"],
+    # polars to_dicts: lists, dicts, aware timestamps
+    {"chain_id": "c1", "worst_step": 2, "score": 0.25, "labels": {"clean": 1.0, "QUAL": 3.0}, "steps": ["a", "b"],
      "rcus": [{"premises": ["p"], "conclusion": "q"}], "at": AT},
     {"chain_id": "c2", "worst_step": None, "score": None, "labels": None, "steps": [], "rcus": None, "at": None},
 ]
@@ -66,10 +65,13 @@ def test_canonical_each_readers_shapes_are_one_row():
         {"chain_id": "c2", "worst_step": None, "score": None, "labels": None, "steps": [], "rcus": None, "at": None},
     ]
     assert canonical(SPARK, SCHEMA) == canonical(PANDAS, SCHEMA) == canonical(POLARS, SCHEMA) == expected
+    # polars 1 gave a map as {"key", "value"} structs
+    polars_1 = [dict(POLARS[0], labels=[{"key": "clean", "value": 1.0}, {"key": "QUAL", "value": 3.0}]), POLARS[1]]
+    assert canonical(polars_1, SCHEMA) == expected
 
 
 def test_canonical_a_changed_missing_or_duplicated_row_differs():
-    changed = [dict(POLARS[0], labels=[{"key": "clean", "value": 0.0}, {"key": "QUAL", "value": 3.0}]), POLARS[1]]
+    changed = [dict(POLARS[0], labels={"clean": 0.0, "QUAL": 3.0}), POLARS[1]]
     got, want = canonical(changed, SCHEMA), canonical(SPARK, SCHEMA)
     assert got != want
     assert first_difference(got, want) == (
