@@ -427,7 +427,7 @@ def test_every_table_reads_the_same_without_spark(spark, clean_run):
 # chain_scores stands for the clustered tables (steps and step_scores get the same layout: liquid clustering by
 # config_hash, writer features domainMetadata + clustering), curated for the change-feed ones (rejected). The
 # other tables' files and protocol are as before upkeep, already compared above; maintaining and comparing every
-# table took ~100 s on 2 busy cores: the slow test below does.
+# table took 80-100 s on 2 busy cores: the slow test below does.
 MAINTAINED = ["chain_scores", "curated"]
 
 
@@ -469,7 +469,7 @@ def test_clustered_and_change_feed_tables_read_the_same_without_spark_after_upke
     _check_maintained(spark, settings, before)
 
 
-@pytest.mark.slow  # the upkeep job over all ten tables: ~100 s on 2 busy cores
+@pytest.mark.slow  # the upkeep job over all ten tables: 80-100 s on 2 busy cores
 def test_every_table_reads_the_same_without_spark_after_the_upkeep_job(spark, clean_run, tmp_path):
     settings, before = _maintained_copy(spark, clean_run, tmp_path, None)
     _check_maintained(spark, settings, before)
