@@ -6,6 +6,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import delta_readers
 import pytest
 from conftest import folder_settings
 from pyspark.sql import functions as F
@@ -253,6 +254,10 @@ def test_change_feed_of_curated_returns_only_the_new_nights_rows(spark, night_on
         )
         expected = tables.read(spark, settings.table(name)).where(F.col(CU.RUN_ID) == "night-2")
         assertDataFrameEqual(new, expected)
+        # The same feed read without Spark (deltalake's load_cdf, README "Reading the lake without Spark").
+        without_spark = delta_readers.change_feed_inserts(settings.table(name), after_night_1[name] + 1)
+        assert delta_readers.canonical(without_spark, expected.schema) == delta_readers.canonical(
+            [r.asDict() for r in expected.collect()], expected.schema), name
         assert {r[0] for r in new.select(CU.CHAIN_ID).collect()} <= set(night_2)
     # The night-2 bound of inter (median over its 3 chains) is 0.9: c6, c8 pass it, c7 fails its threshold.
     assert {r[0] for r in tables.read(spark, settings.table("curated")).where(F.col(CU.RUN_ID) == "night-2")
