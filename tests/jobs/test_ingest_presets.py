@@ -246,3 +246,97 @@ def test_datasets_folder_with_vllm_rows_fans_out_and_reconciles(spark, tmp_path:
     assert chains["2-1"][C.CHAIN_TEXT] == "Two and two make five. The answer is 5."
     assert [reason for reason, _ in quarantine] == ["empty_chain", "empty_chain", "empty_fan_out"]
     assert ingest.input_files(str(folder)) == [str(folder)]
+
+
+# -- lm-evaluation-harness itself ---------------------------------------------------------------------------------
+GSM_TINY = [
+    {"question": "Tom has 3 apples and buys 5 more. How many apples does he have?", "answer": "3 + 5 = 8\n#### 8"},
+    {"question": "A box holds 4 pens. How many pens are in 2 boxes?", "answer": "4 * 2 = 8\n#### 8"},
+    {"question": "Sara had 10 sweets and ate 4. How many are left?", "answer": "10 - 4 = 6\n#### 6"},
+    {"question": "A week has 7 days. How many days are in 2 weeks?", "answer": "7 * 2 = 14\n#### 14"},
+    {"question": "Ann reads 6 pages a day. How many pages does she read in 3 days?", "answer": "6 * 3 = 18\n#### 18"},
+]
+# A GSM-8K-style generate_until task (lm_eval/tasks/gsm8k/gsm8k-cot-zeroshot.yaml, trimmed) over a local file.
+TASK_YAML = """\
+task: gsm_tiny_cot
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: generate_until
+test_split: test
+doc_to_text: "Q: {{{{question}}}}\\nA: Let's think step by step."
+doc_to_target: "{{{{answer.split('#### ')[-1]}}}}"
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+generation_kwargs:
+  until: ["Q:"]
+  do_sample: false
+  max_gen_toks: 16
+filter_list:
+  - name: get-answer
+    filter:
+      - function: regex
+        regex_pattern: "(-?[0-9]+)"
+        group_select: -1
+      - function: take_first
+metadata:
+  version: 1.0
+"""
+
+
+def run_lm_eval(folder: Path, model: Path) -> Path:
+    """lm-eval's Python API with its HF backend on `model`, samples logged and written through its
+    EvaluationTracker as `lm_eval --log_samples --output_path folder/out` does; returns the samples file."""
+    import lm_eval
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.tasks import TaskManager
+
+    tasks = folder / "tasks"
+    _jsonl(tasks / "gsm_tiny.jsonl", GSM_TINY)
+    (tasks / "gsm_tiny_cot.yaml").write_text(TASK_YAML.format(data=tasks / "gsm_tiny.jsonl"))
+    tracker = EvaluationTracker(output_path=str(folder / "out"))
+    results = lm_eval.simple_evaluate(
+        model="hf", model_args=f"pretrained={model},device=cpu", tasks=["gsm_tiny_cot"],
+        task_manager=TaskManager(include_path=str(tasks)), log_samples=True, evaluation_tracker=tracker, batch_size=8)
+    samples = results.pop("samples")
+    tracker.save_results_aggregated(results=results, samples=samples)
+    for name in results["configs"]:
+        tracker.save_results_samples(task_name=name, samples=samples[name])
+    (found,) = (folder / "out").rglob("samples_gsm_tiny_cot_*.jsonl")
+    return found
+
+
+@pytest.mark.slow  # the harness run alone is ~25 s on 2 cores
+def test_lm_eval_samples_round_trip(spark, tmp_path: Path, tiny_models):
+    samples = run_lm_eval(tmp_path, tiny_models["tiny-gpt2"])
+    lines = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert len(lines) == len(GSM_TINY)
+    run = samples.name.removeprefix("samples_gsm_tiny_cot_").removesuffix(".jsonl")
+    (results,) = samples.parent.glob("results_*.json")
+    model = json.loads(results.read_text())["model_name"]
+    settings = folder_settings(tmp_path, "ingest.preset=lm_eval", f"ingest.input={samples}")
+    counts = ingest.run(spark, settings, run_id="r1")
+    chains, quarantine = _tables(spark, settings)
+    expected_chains, expected_quarantine = {}, []
+    for line in lines:
+        chain = line["resps"][0][0]
+        # the tiny random GPT-2 writes text that is noise, sometimes with U+FFFD for bytes that decode to nothing
+        if "\ufffd" in chain or not chain.strip():
+            expected_quarantine.append(("undecodable_text" if "\ufffd" in chain else "empty_chain", samples.name))
+            continue
+        expected_chains[f"gsm_tiny_cot/{run}/{line['doc_id']}/{line['filter']}"] = (
+            f"gsm_tiny_cot/{line['doc_id']}", line["doc"]["question"], line["arguments"]["gen_args_0"]["arg_0"],
+            chain, line["filtered_resps"][0], line["target"], "gsm_tiny_cot",
+            {"producer": "lm_eval", "model": model, "task": "gsm_tiny_cot", "doc_id": str(line["doc_id"]),
+             "filter": line["filter"]},
+        )
+    got = {k: (r[C.QUESTION_ID], r[C.CONTEXT], r[C.QUESTION], r[C.CHAIN_TEXT], r[C.ANSWER], r[C.GOLD_ANSWER],
+               r[C.DATASET], r[C.METADATA]) for k, r in chains.items()}
+    assert got == expected_chains
+    assert expected_chains, "every generation was quarantined: the round trip proved nothing"
+    assert quarantine == sorted(expected_quarantine)
+    assert (counts["read"], counts["inserted"], counts["quarantined"], counts["reconciled"]) == (
+        len(lines), len(expected_chains), len(expected_quarantine), 1)
