@@ -144,10 +144,10 @@ def test_validate_series_poisoned_row_quarantined_or_fails_per_config(monkeypatc
     rows = pd.Series([json.dumps(corpus_module.row(f"c{i}")) for i in range(3)])
     real = ingest.validate_chains
 
-    def poisoned(raw, cfg, ctx=None):
+    def poisoned(raw, cfg, *rest):
         if '"c1"' in raw:
             raise ZeroDivisionError("poisoned row")
-        return real(raw, cfg, ctx)
+        return real(raw, cfg, *rest)
 
     monkeypatch.setattr(ingest, "validate_chains", poisoned)
     out = pd.DataFrame([verdicts[0] for verdicts in ingest.validate_series(rows, cfg, "quarantine")])

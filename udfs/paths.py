@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 FAN_OUT = "*"
@@ -112,7 +112,10 @@ def _walk(value: Any, steps: tuple[Step, ...], shown: str) -> Any:
     for step in steps:
         if value is None:
             return None  # a missing field on the way: missing, as a missing key always was
-        value = _step(value, step, shown)
+        if type(value) is dict and type(step) is str:  # the common case, without _step's checks
+            value = value.get(step)
+        else:
+            value = _step(value, step, shown)
     return value
 
 
@@ -120,24 +123,28 @@ def _walk(value: Any, steps: tuple[Step, ...], shown: str) -> Any:
 class Path:
     text: str
     steps: tuple[Step, ...]
+    cut: int = field(init=False)  # the fan-out step's position, -1 when none
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cut", self.steps.index(FAN_OUT) if FAN_OUT in self.steps else -1)
 
     @property
     def fans_out(self) -> bool:
-        return FAN_OUT in self.steps
+        return self.cut >= 0
 
     def resolve(self, row: Any) -> Any:
         """The value, or for a fan-out path the list of values (one per element)."""
-        if not self.fans_out:
+        if self.cut < 0:
             return _walk(row, self.steps, self.text)
-        cut = self.steps.index(FAN_OUT)
-        items = _walk(row, self.steps[:cut], self.text)
+        items = _walk(row, self.steps[: self.cut], self.text)
         if items is None:
             return None
         if not isinstance(items, list):
             raise PathError("path_through_scalar", f"{self.text}: fan-out over {type(items).__name__}, not a list")
         if not items:
             raise PathError("empty_fan_out", f"{self.text}: fan-out over an empty list")
-        return [_walk(item, self.steps[cut + 1 :], self.text) for item in items]
+        rest = self.steps[self.cut + 1 :]
+        return [_walk(item, rest, self.text) for item in items]
 
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
@@ -163,6 +170,8 @@ class Source:
     def resolve(self, row: Any, sample_idx: int = 0) -> Any:
         if self.template is not None:
             return self._render(row, sample_idx)
+        if len(self.alternatives) == 1:
+            return self.alternatives[0].resolve(row)
         first_error: PathError | None = None
         for path in self.alternatives:
             try:

@@ -63,14 +63,11 @@ class RowError(ValueError):
         self.detail = detail
 
 
-@functools.lru_cache(maxsize=16)
-def _compile(items: tuple[tuple[str, str | None], ...]) -> dict[str, Source | None]:
-    return {key: compile_source(text) if text is not None else None for key, text in items}
-
-
-def sources(cfg: IngestSettings) -> dict[str, Source | None]:
-    """The mapping compiled once per process (the config check already proved every source parses)."""
-    return _compile(tuple(cfg.mapping.items()))
+@functools.lru_cache(maxsize=16)  # once per process and mapping; the config check proved every source parses
+def _compile(items: tuple[tuple[str, str | None], ...]) -> tuple[dict[str, Source | None], str | None]:
+    compiled = {key: compile_source(text) if text is not None else None for key, text in items}
+    fan_key = next((k for k, src in compiled.items() if src is not None and src.fans_out), None)
+    return compiled, fan_key
 
 
 def _lookup(row: Any, source: Source | None, sample_idx: int = 0) -> Any:
@@ -180,6 +177,12 @@ def _metadata(value: Any) -> dict[str, str] | None:
     return {str(k): v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for k, v in value.items()}
 
 
+@functools.lru_cache(maxsize=64)
+def _file_facts(ctx: str) -> dict[str, Any]:
+    """A file's `_file` context, parsed once: every row of the file carries the same text (read only)."""
+    return json.loads(ctx)
+
+
 def _row(raw: str | None, cfg: IngestSettings, ctx: str | None = None) -> dict[str, Any]:
     """Raw text -> the row object the mapping reads, with the preset's reserved keys added."""
     if raw is None or not raw.strip():
@@ -195,7 +198,7 @@ def _row(raw: str | None, cfg: IngestSettings, ctx: str | None = None) -> dict[s
         raise RowError("unreadable_file", f"{row[UNREADABLE]}: {row.get('error')}")
     if ctx:
         try:
-            extra = json.loads(ctx)
+            extra = _file_facts(ctx) if ctx.startswith('{"_file"') else json.loads(ctx)
         except (json.JSONDecodeError, RecursionError) as err:
             raise RowError("bad_batch_input", f"the batch input line for this row is not valid JSON: {err}") from None
         row = {**row, **extra}
@@ -215,9 +218,11 @@ def _row(raw: str | None, cfg: IngestSettings, ctx: str | None = None) -> dict[s
     return row
 
 
-def _record(row: dict[str, Any], cfg: IngestSettings, fan: tuple[str, Any, int] | None) -> dict[str, Any]:
+def _record(
+    row: dict[str, Any], cfg: IngestSettings, m: Mapping[str, Source | None], fan: tuple[str, Any, int] | None
+) -> dict[str, Any]:
     """One chains record from a row; `fan` = (the fanned-out field, this candidate's value, its index)."""
-    m, limit = sources(cfg), cfg.max_field_chars
+    limit = cfg.max_field_chars
     idx = fan[2] if fan else 0
 
     def get(key: str) -> Any:
@@ -269,22 +274,26 @@ def _record(row: dict[str, Any], cfg: IngestSettings, fan: tuple[str, Any, int] 
     return record
 
 
-def validate_chains(raw: str | None, cfg: IngestSettings, ctx: str | None = None) -> list[dict[str, Any] | RowError]:
+def validate_chains(
+    raw: str | None,
+    cfg: IngestSettings,
+    ctx: str | None = None,
+    compiled: tuple[dict[str, Source | None], str | None] | None = None,
+) -> list[dict[str, Any] | RowError]:
     """One raw row -> its candidates: a chains record or a RowError each (one, or one per fanned-out element).
 
     A row-level problem (not JSON, a failed request, a fan-out over an empty list) is one RowError."""
     row = _row(raw, cfg, ctx)
-    m = sources(cfg)
-    fan_key = next((k for k, src in m.items() if src is not None and src.fans_out), None)
+    m, fan_key = compiled if compiled is not None else _compile(tuple(cfg.mapping.items()))
     if fan_key is None:
-        return [_record(row, cfg, None)]
+        return [_record(row, cfg, m, None)]
     values = _lookup(row, m[fan_key])
     if values is None:
-        return [_record(row, cfg, None)]  # the fanned-out field is missing: as any missing field
+        return [_record(row, cfg, m, None)]  # the fanned-out field is missing: as any missing field
     out: list[dict[str, Any] | RowError] = []
     for i, value in enumerate(values):
         try:
-            out.append(_record(row, cfg, (fan_key, value, i)))
+            out.append(_record(row, cfg, m, (fan_key, value, i)))
         except RowError as err:
             out.append(RowError(err.reason, f"sample {i}: {err.detail}"))
     return out
@@ -315,10 +324,11 @@ def validate_series(
 
     `on_error` (runtime.on_row_error): what an unexpected exception on one row does; `fail` re-raises."""
     contexts = ctx if ctx is not None else [None] * len(raw)
+    compiled = _compile(tuple(cfg.mapping.items()))
     out = []
     for text, extra in zip(raw, contexts, strict=True):
         try:
-            out.append([_verdict(rec) for rec in validate_chains(text, cfg, extra)])
+            out.append([_verdict(rec) for rec in validate_chains(text, cfg, extra, compiled)])
         except RowError as err:
             out.append([_verdict(err)])
         except Exception as err:  # a validator bug must quarantine the row, not fail the night
