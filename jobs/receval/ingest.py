@@ -201,7 +201,7 @@ def _row(raw: str | None, cfg: IngestSettings, ctx: str | None = None) -> dict[s
             extra = _file_facts(ctx) if ctx.startswith('{"_file"') else json.loads(ctx)
         except (json.JSONDecodeError, RecursionError) as err:
             raise RowError("bad_batch_input", f"the batch input line for this row is not valid JSON: {err}") from None
-        row = {**row, **extra}
+        row.update(extra)  # row is this call's own parse: no copy needed
     if cfg.preset == "openai_batch":
         failure = batch_failure(row)
         if failure is not None:
@@ -246,8 +246,10 @@ def _record(
         C.LABELS: _labels(get("labels")),
         C.METADATA: _metadata(get("metadata")),
     }
-    extra = {key[len(METADATA_PREFIX) :]: get(key) for key in m if key.startswith(METADATA_PREFIX)}
-    extra = {k: v for k, v in extra.items() if v is not None}
+    extra = {}
+    for key in m:
+        if key.startswith(METADATA_PREFIX) and (value := get(key)) is not None:
+            extra[key[len(METADATA_PREFIX) :]] = value
     if cfg.preset:
         extra["producer"] = cfg.preset
     if fan:
@@ -353,6 +355,15 @@ def input_files(pattern: str) -> list[str]:
     return sorted(glob.glob(str(base)))
 
 
+def ingest_files(cfg: IngestSettings) -> list[str]:
+    """The files ingest reads: `input_files`, and for lm_eval only the samples files (an lm-eval output folder
+    also holds its results_*.json, which are no chains)."""
+    files = input_files(cfg.input)
+    if cfg.preset == "lm_eval":
+        files = [f for f in files if Path(f).name.startswith("samples_") and f.endswith(".jsonl")]
+    return files
+
+
 def _is_hf_dataset(path: Path) -> bool:
     """A `datasets` save_to_disk folder: state.json naming its Arrow files."""
     return (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
@@ -446,11 +457,11 @@ def _join_batch_input(spark: SparkSession, out: DataFrame, cfg: IngestSettings) 
 
 def read_raw(spark: SparkSession, cfg: IngestSettings) -> DataFrame:
     """Input -> (raw JSON text, source, ctx). Unreadable files become a quarantine row, not a crash."""
-    files = input_files(cfg.input)
+    files = ingest_files(cfg)
     if not files:
+        kinds = "samples_*.jsonl file" if cfg.preset == "lm_eval" else ".jsonl, .json or .parquet file, no Delta table"
         raise FileNotFoundError(
-            f"ingest.input={cfg.input!r} matches no .jsonl, .json or .parquet file, no Delta table and no "
-            f"datasets folder (looked at {resolve_path(cfg.input)})"
+            f"ingest.input={cfg.input!r} matches no {kinds} and no datasets folder (looked at {resolve_path(cfg.input)})"
         )
     parts: list[DataFrame] = []
     empty = spark.createDataFrame([], f"{RAW} string, source string, {CTX} string")

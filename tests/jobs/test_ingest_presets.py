@@ -317,7 +317,9 @@ def test_lm_eval_samples_round_trip(spark, tmp_path: Path, tiny_models):
     run = samples.name.removeprefix("samples_gsm_tiny_cot_").removesuffix(".jsonl")
     (results,) = samples.parent.glob("results_*.json")
     model = json.loads(results.read_text())["model_name"]
-    settings = folder_settings(tmp_path, "ingest.preset=lm_eval", f"ingest.input={samples}")
+    # the harness's output folder as the input: its results_*.json beside the samples is not read as chains
+    settings = folder_settings(tmp_path, "ingest.preset=lm_eval", f"ingest.input={samples.parent}")
+    assert ingest.ingest_files(settings.ingest) == [str(samples)]
     counts = ingest.run(spark, settings, run_id="r1")
     chains, quarantine = _tables(spark, settings)
     expected_chains, expected_quarantine = {}, []
