@@ -342,3 +342,24 @@ def test_lm_eval_samples_round_trip(spark, tmp_path: Path, tiny_models):
     assert quarantine == sorted(expected_quarantine)
     assert (counts["read"], counts["inserted"], counts["quarantined"], counts["reconciled"]) == (
         len(lines), len(expected_chains), len(expected_quarantine), 1)
+
+
+def test_pipeline_fingerprints_the_batch_input_and_datasets_folders(tmp_path: Path):
+    from jobs.infra.config import load_settings
+    from jobs.receval.pipeline import input_fingerprints
+
+    out = _jsonl(tmp_path / "out.jsonl", BATCH_OUTPUT[:1])
+    inp = _jsonl(tmp_path / "in.jsonl", BATCH_INPUT[:1])
+    s = load_settings(overrides=["ingest.preset=openai_batch", f"ingest.input={out}", f"ingest.batch_input={inp}"],
+                      environ={})
+    before = input_fingerprints(s)
+    assert [p for p, _, _ in before] == [str(out), str(inp)]
+    _jsonl(inp, BATCH_INPUT[:2])  # a new input file changes the output's chains: the pipeline must see it
+    assert input_fingerprints(s) != before
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    for name, text in (("state.json", "{}"), ("dataset_info.json", "{}"), ("data-00000-of-00001.arrow", "x" * 10)):
+        (folder / name).write_text(text)
+    s = load_settings(overrides=[f"ingest.input={folder}"], environ={})
+    ((path, size, _),) = input_fingerprints(s)
+    assert (path, size) == (str(folder), 14)
