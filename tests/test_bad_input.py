@@ -142,15 +142,15 @@ def test_ingest_run_bad_input_rerun_adds_nothing(spark, first_ingest, make_setti
 def test_validate_series_poisoned_row_quarantined_or_fails_per_config(monkeypatch):
     cfg = corpus_module_settings().ingest
     rows = pd.Series([json.dumps(corpus_module.row(f"c{i}")) for i in range(3)])
-    real = ingest.validate
+    real = ingest.validate_chains
 
-    def poisoned(raw, cfg):
+    def poisoned(raw, cfg, *rest):
         if '"c1"' in raw:
             raise ZeroDivisionError("poisoned row")
-        return real(raw, cfg)
+        return real(raw, cfg, *rest)
 
-    monkeypatch.setattr(ingest, "validate", poisoned)
-    out = ingest.validate_series(rows, cfg, "quarantine")
+    monkeypatch.setattr(ingest, "validate_chains", poisoned)
+    out = pd.DataFrame([verdicts[0] for verdicts in ingest.validate_series(rows, cfg, "quarantine")])
     assert out["error"].tolist() == [None, "validator_error", None]
     assert out["detail"][1] == "ZeroDivisionError: poisoned row"
     assert out["chain_id"].tolist() == ["c0", None, "c2"]

@@ -25,6 +25,17 @@ from pydantic import (
     model_validator,
 )
 
+from jobs.infra.ingest_presets import (
+    DEFAULT_MAPPING,
+    METADATA_PREFIX,
+    PRESET_FORMAT,
+    PRESETS,
+    STEP_KEYS,
+    Preset,
+    effective_mapping,
+)
+from udfs.paths import PathSyntaxError, compile_source
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = PROJECT_ROOT / "conf"
 DATA_TOKEN = "${paths.data}"  # dataset paths in config start with it (see resolve_path)
@@ -147,31 +158,71 @@ class RuntimeSettings(Section):
 
 class IngestSettings(Section):
     input: str = "tests/data/sample_lake"
-    format: Literal["auto", "jsonl", "parquet", "delta"] = "auto"
-    # target field -> source field in the input rows (None: not present).
-    mapping: dict[str, str | None] = Field(
-        default_factory=lambda: {
-            "chain_id": "chain_id",
-            "dataset": "dataset",
-            "question_id": "question_id",
-            "context": "context",
-            "question": "question",
-            "steps": "steps",
-            # a step given as an object carries its own RCUs: these name its fields (dotted paths inside it)
-            "step_text": "text",
-            "step_premises": "premises",
-            "step_conclusion": "conclusion",
-            "chain_text": "chain",
-            "answer": "answer",
-            "gold_answer": "gold_answer",
-            "gold_steps": "gold_steps",
-            "labels": "labels",
-            "metadata": "metadata",
-        }
-    )
+    # hf_datasets: a `datasets` save_to_disk folder (its Arrow files, read on the executors).
+    format: Literal["auto", "jsonl", "parquet", "delta", "hf_datasets"] = "auto"
+    # A producer's row shape (jobs/infra/ingest_presets.py): fills the mapping, records metadata.producer.
+    preset: Preset | None = None
+    # target field -> source in the input rows (udfs/paths.py: `a.b[0]`, one `[*]` fan-out, `a | b`,
+    # `{a}-{b}` templates; None: not present). Merged key by key over the preset's and the default mapping.
+    mapping: dict[str, str | None] = Field(default_factory=lambda: dict(DEFAULT_MAPPING))
+    # openai_batch: the batch input file (JSONL), joined to the output lines by custom_id.
+    batch_input: str | None = None
+    # Split `<open>chain<close>answer` (reasoning models) into the chain and the answer after it.
+    reasoning: bool = False
+    reasoning_tags: tuple[str, str] = ("<think>", "</think>")
     dataset: str = "default"
     max_field_chars: int = Field(200_000, ge=1)
     max_steps: int = Field(2_000, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _merge_mapping(cls, data: Any) -> Any:
+        # The user's keys override the preset's, which override the defaults: `--set ingest.mapping.answer=x`
+        # changes one field, not the whole mapping.
+        if not isinstance(data, dict):
+            return data
+        preset = data.get("preset")
+        if preset is not None and preset not in PRESETS:
+            return data  # the Literal check names the bad value
+        user = data.get("mapping")
+        if user is not None and not isinstance(user, Mapping):
+            return data
+        out = {**data, "mapping": effective_mapping(preset, user)}
+        if preset in PRESET_FORMAT and data.get("format", "auto") == "auto":
+            out["format"] = PRESET_FORMAT[preset]
+        return out
+
+    @field_validator("mapping")
+    @classmethod
+    def _sources_parse(cls, mapping: dict[str, str | None]) -> dict[str, str | None]:
+        fan_outs = []
+        for key, source in mapping.items():
+            if key not in DEFAULT_MAPPING and not (key.startswith(METADATA_PREFIX) and len(key) > len(METADATA_PREFIX)):
+                raise ValueError(f"{key}: not a chains field (one of {sorted(DEFAULT_MAPPING)} or metadata.<name>)")
+            if source is None:
+                continue
+            try:
+                compiled = compile_source(source)
+            except PathSyntaxError as err:
+                raise ValueError(f"{key}: {err}") from None
+            if compiled.fans_out:
+                if key in STEP_KEYS:
+                    raise ValueError(f"{key}: a path inside a step object cannot fan out")
+                fan_outs.append(key)
+        if len(fan_outs) > 1:
+            raise ValueError(f"{' and '.join(fan_outs)} both fan out ([*]); a mapping may fan out once")
+        return mapping
+
+    @model_validator(mode="after")
+    def _batch_input_given(self) -> IngestSettings:
+        if self.preset == "openai_batch" and not self.batch_input:
+            raise ValueError(
+                "preset openai_batch joins each output line to its request by custom_id: set ingest.batch_input "
+                "to the batch input file"
+            )
+        if not all(tag.strip() for tag in self.reasoning_tags):
+            raise ValueError(f"reasoning_tags must be two non-empty tags, got {list(self.reasoning_tags)}")
+        return self
 
 
 class StepsSettings(Section):
@@ -1001,7 +1052,12 @@ def load_settings_with_sources(
         problems = []
         for e in err.errors():
             key = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-", "literal[")))
-            problems.append(f"{key}: {e['msg']}")
+            msg = e["msg"].removeprefix("Value error, ")
+            # A mapping's checks name the bad entry first ("steps: unbalanced '['"): ingest.mapping.steps: ...
+            entry = re.match(r"([\w.]+): ", msg) if key.endswith(".mapping") else None
+            if entry:
+                key, msg = f"{key}.{entry.group(1)}", msg[entry.end() :]
+            problems.append(f"{key}: {msg}")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
     return _with_data_folder(settings, settings.paths.data), sources
 

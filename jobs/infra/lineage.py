@@ -58,9 +58,9 @@ def dry_run(spark: SparkSession, settings: Settings, job: str) -> str:
     reads, writes = JOB_TABLES.get(job, ((), ()))
     lines = [f"[dry-run] {job}: nothing is written; no MLflow run is created"]
     if job == "ingest":
-        from jobs.receval.ingest import input_files
+        from jobs.receval.ingest import ingest_files
 
-        files = input_files(settings.ingest.input)
+        files = ingest_files(settings.ingest)
         lines.append(f"  reads {len(files)} input files matching {settings.ingest.input}")
     lines += [f"  reads  {table_line(spark, settings, n)}" for n in reads]
     lines += [f"  writes {table_line(spark, settings, n)}" for n in writes]

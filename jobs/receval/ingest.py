@@ -2,15 +2,22 @@
 
 Every input row is turned into JSON text first, so one validator (plain Python, run in a pandas UDF)
 sees every format the same way and can always keep the raw row for the quarantine table.
-Counts reconcile: read = inserted + already present + quarantined.
+Mapping sources are `udfs.paths` paths; a fan-out (`outputs[*].text`) makes one candidate chain per element
+(its index in metadata `sample_idx`), so one row read may give several candidates. Counts reconcile:
+candidates = inserted + already present + quarantined, and candidates = read + fanned_out (the extra chains
+fan-out made; a row that fails as a whole is one quarantined candidate).
+Producer presets (`ingest.preset`, jobs/infra/ingest_presets.py) add per-file facts (`_file`), the joined
+batch input (`_input`) and chat turns (`_chat`) to each row before the mapping reads it.
 """
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import logging
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,23 +25,27 @@ from typing import Any
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, StringType, StructField, StructType
 
 from jobs.infra import tables
 from jobs.infra.config import IngestSettings, Settings, resolve_path
+from jobs.infra.ingest_presets import METADATA_PREFIX, STEP_KEYS, batch_failure, chat_fields, split_reasoning
 from jobs.infra.tracking import job
 from schemas import chains as C
 from schemas import quarantine as Q
+from udfs.paths import PathError, Source, compile_source
 
 log = logging.getLogger(__spec__.name)
 
 RAW = "raw"
+CTX = "ctx"  # per-row JSON object merged into the row before the mapping reads it (`_file`, `_input`)
+POS = "pos"  # a candidate's index among its row's candidates: 0 marks one row read
 REPLACEMENT_CHAR = "\ufffd"  # what make_valid_utf8 leaves for undecodable bytes
 BOM = "\ufeff"
 # read_raw's stand-in row for a file Spark cannot read (truncated Parquet): quarantined as unreadable_file.
 UNREADABLE = "_receval_unreadable_file"
 
-_VALIDATED = StructType(
+_VERDICT = StructType(
     [
         StructField("record", StringType(), True),  # normalised chain as JSON (chains schema fields)
         StructField("error", StringType(), True),  # reason kind, e.g. missing_context
@@ -42,6 +53,7 @@ _VALIDATED = StructType(
         StructField("chain_id", StringType(), True),
     ]
 )
+_VALIDATED = ArrayType(_VERDICT)  # one verdict per candidate chain of a row (several with a fan-out)
 
 
 class RowError(ValueError):
@@ -51,16 +63,21 @@ class RowError(ValueError):
         self.detail = detail
 
 
-def _lookup(row: Mapping[str, Any], source: str | None) -> Any:
-    """Field by name or dotted path (`meta.question`)."""
+@functools.lru_cache(maxsize=16)  # once per process and mapping; the config check proved every source parses
+def _compile(items: tuple[tuple[str, str | None], ...]) -> tuple[dict[str, Source | None], str | None]:
+    compiled = {key: compile_source(text) if text is not None else None for key, text in items}
+    fan_key = next((k for k, src in compiled.items() if src is not None and src.fans_out), None)
+    return compiled, fan_key
+
+
+def _lookup(row: Any, source: Source | None, sample_idx: int = 0) -> Any:
+    """The value a mapping source names in `row`; a path the row's shape cannot follow is a RowError."""
     if source is None:
         return None
-    value: Any = row
-    for part in source.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            return None
-        value = value[part]
-    return value
+    try:
+        return source.resolve(row, sample_idx)
+    except PathError as err:
+        raise RowError(err.reason, err.detail) from None
 
 
 def _text(field: str, value: Any, limit: int, required: bool = False) -> str | None:
@@ -105,7 +122,7 @@ def _text_list(field: str, value: Any, limit: int, max_items: int) -> list[str] 
 
 
 def _steps(
-    value: Any, m: Mapping[str, str | None], limit: int, max_items: int
+    value: Any, m: Mapping[str, Source | None], limit: int, max_items: int
 ) -> tuple[list[str] | None, list[dict[str, Any]] | None]:
     """(step texts, given RCUs or None): steps are texts, or objects that carry their own units (text, premise
     units, conclusion unit, under the mapping's step_text / step_premises / step_conclusion)."""
@@ -160,8 +177,14 @@ def _metadata(value: Any) -> dict[str, str] | None:
     return {str(k): v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for k, v in value.items()}
 
 
-def validate(raw: str | None, cfg: IngestSettings) -> dict[str, Any]:
-    """One raw row -> a chains record, or a RowError. Pure Python: the contract of ingest."""
+@functools.lru_cache(maxsize=64)
+def _file_facts(ctx: str) -> dict[str, Any]:
+    """A file's `_file` context, parsed once: every row of the file carries the same text (read only)."""
+    return json.loads(ctx)
+
+
+def _row(raw: str | None, cfg: IngestSettings, ctx: str | None = None) -> dict[str, Any]:
+    """Raw text -> the row object the mapping reads, with the preset's reserved keys added."""
     if raw is None or not raw.strip():
         raise RowError("empty_row", "the input row is empty")
     try:
@@ -173,21 +196,68 @@ def validate(raw: str | None, cfg: IngestSettings) -> dict[str, Any]:
         raise RowError("not_object", f"row is JSON {type(row).__name__}, not an object")
     if UNREADABLE in row:
         raise RowError("unreadable_file", f"{row[UNREADABLE]}: {row.get('error')}")
-    m, limit = cfg.mapping, cfg.max_field_chars
+    if ctx:
+        try:
+            extra = _file_facts(ctx) if ctx.startswith('{"_file"') else json.loads(ctx)
+        except (json.JSONDecodeError, RecursionError) as err:
+            raise RowError("bad_batch_input", f"the batch input line for this row is not valid JSON: {err}") from None
+        row.update(extra)  # row is this call's own parse: no copy needed
+    if cfg.preset == "openai_batch":
+        failure = batch_failure(row)
+        if failure is not None:
+            raise RowError("request_failed", f"custom_id {row.get('custom_id')}: {failure}")
+        if row.get("_input_count", 1) > 1:
+            raise RowError("batch_input_ambiguous", f"custom_id {row.get('custom_id')} has "
+                           f"{row['_input_count']} different lines in ingest.batch_input")
+        if not isinstance(row.get("_input"), dict):
+            raise RowError("batch_input_missing", f"custom_id {row.get('custom_id')!r} has no line in ingest.batch_input")
+        body = row["_input"].get("body")
+        row["_chat"] = chat_fields(body.get("messages") if isinstance(body, Mapping) else None)
+    elif cfg.preset == "chat":
+        row["_chat"] = chat_fields(row.get("messages"))
+    return row
+
+
+def _record(
+    row: dict[str, Any], cfg: IngestSettings, m: Mapping[str, Source | None], fan: tuple[str, Any, int] | None
+) -> dict[str, Any]:
+    """One chains record from a row; `fan` = (the fanned-out field, this candidate's value, its index)."""
+    limit = cfg.max_field_chars
+    idx = fan[2] if fan else 0
+
+    def get(key: str) -> Any:
+        return fan[1] if fan and fan[0] == key else _lookup(row, m.get(key), idx)
+
+    chain_text = get("chain_text")
+    answer = get("answer")
+    if cfg.reasoning and isinstance(chain_text, str):
+        chain_text, after = split_reasoning(chain_text, cfg.reasoning_tags)
+        answer = answer if answer is not None else after
     record: dict[str, Any] = {
-        C.DATASET: _text("dataset", _lookup(row, m.get("dataset")), limit) or cfg.dataset,
-        C.QUESTION_ID: _text("question_id", _lookup(row, m.get("question_id")), limit),
-        C.CONTEXT: _text("context", _lookup(row, m.get("context")), limit, required=True),
-        C.QUESTION: _text("question", _lookup(row, m.get("question")), limit),
+        C.DATASET: _text("dataset", get("dataset"), limit) or cfg.dataset,
+        C.QUESTION_ID: _text("question_id", get("question_id"), limit),
+        C.CONTEXT: _text("context", get("context"), limit, required=True),
+        C.QUESTION: _text("question", get("question"), limit),
         C.STEPS: None,
-        C.CHAIN_TEXT: _text("chain_text", _lookup(row, m.get("chain_text")), limit),
-        C.ANSWER: _text("answer", _lookup(row, m.get("answer")), limit),
-        C.GOLD_ANSWER: _text("gold_answer", _lookup(row, m.get("gold_answer")), limit),
-        C.GOLD_STEPS: _text_list("gold_steps", _lookup(row, m.get("gold_steps")), limit, cfg.max_steps),
-        C.LABELS: _labels(_lookup(row, m.get("labels"))),
-        C.METADATA: _metadata(_lookup(row, m.get("metadata"))),
+        C.CHAIN_TEXT: _text("chain_text", chain_text, limit),
+        C.ANSWER: _text("answer", answer, limit),
+        C.GOLD_ANSWER: _text("gold_answer", get("gold_answer"), limit),
+        C.GOLD_STEPS: _text_list("gold_steps", get("gold_steps"), limit, cfg.max_steps),
+        C.LABELS: _labels(get("labels")),
+        C.METADATA: _metadata(get("metadata")),
     }
-    record[C.STEPS], record[C.STEP_RCUS] = _steps(_lookup(row, m.get("steps")), m, limit, cfg.max_steps)
+    extra = {}
+    for key in m:
+        if key.startswith(METADATA_PREFIX) and (value := get(key)) is not None:
+            extra[key[len(METADATA_PREFIX) :]] = value
+    if cfg.preset:
+        extra["producer"] = cfg.preset
+    if fan:
+        extra["sample_idx"] = idx
+    if extra:
+        record[C.METADATA] = {**(record[C.METADATA] or {}), **_metadata(extra)}
+    step_sources = {k: m.get(k) for k in STEP_KEYS}
+    record[C.STEPS], record[C.STEP_RCUS] = _steps(get("steps"), step_sources, limit, cfg.max_steps)
     if record[C.STEPS] is None and record[C.CHAIN_TEXT] is None:
         raise RowError("missing_chain", "neither steps nor chain text is present")
     if record[C.STEPS] is not None and not record[C.STEPS]:
@@ -198,7 +268,7 @@ def validate(raw: str | None, cfg: IngestSettings) -> dict[str, Any]:
     if total > limit:
         raise RowError("oversized", f"the chain has {total} characters (limit {limit})")
     record[C.CONTENT_HASH] = C.content_hash(record)
-    given = _lookup(row, m.get("chain_id"))
+    given = get("chain_id")
     if given is not None and (isinstance(given, bool) or not isinstance(given, (str, int))):
         raise RowError("wrong_type", f"field 'chain_id' must be text, got {type(given).__name__}")
     chain_id = str(given).strip() if given is not None else ""
@@ -206,23 +276,68 @@ def validate(raw: str | None, cfg: IngestSettings) -> dict[str, Any]:
     return record
 
 
-def validate_series(raw: pd.Series, cfg: IngestSettings, on_error: str = "quarantine") -> pd.DataFrame:
-    """`on_error` (runtime.on_row_error): what an unexpected exception on one row does; `fail` re-raises."""
-    rows = []
-    for text in raw:
+def validate_chains(
+    raw: str | None,
+    cfg: IngestSettings,
+    ctx: str | None = None,
+    compiled: tuple[dict[str, Source | None], str | None] | None = None,
+) -> list[dict[str, Any] | RowError]:
+    """One raw row -> its candidates: a chains record or a RowError each (one, or one per fanned-out element).
+
+    A row-level problem (not JSON, a failed request, a fan-out over an empty list) is one RowError."""
+    row = _row(raw, cfg, ctx)
+    m, fan_key = compiled if compiled is not None else _compile(tuple(cfg.mapping.items()))
+    if fan_key is None:
+        return [_record(row, cfg, m, None)]
+    values = _lookup(row, m[fan_key])
+    if values is None:
+        return [_record(row, cfg, m, None)]  # the fanned-out field is missing: as any missing field
+    out: list[dict[str, Any] | RowError] = []
+    for i, value in enumerate(values):
         try:
-            rec = validate(text, cfg)
-            record = json.dumps(rec, ensure_ascii=False)
-            if not _encodable(record):  # a lone surrogate in a label or metadata key
-                raise RowError("undecodable_text", "a key holds text that is not valid UTF-8")
-            rows.append((record, None, None, rec[C.CHAIN_ID]))
+            out.append(_record(row, cfg, m, (fan_key, value, i)))
         except RowError as err:
-            rows.append((None, err.reason, _safe(err.detail), None))
+            out.append(RowError(err.reason, f"sample {i}: {err.detail}"))
+    return out
+
+
+def validate(raw: str | None, cfg: IngestSettings, ctx: str | None = None) -> dict[str, Any]:
+    """One raw row -> its (first) chains record, or a RowError. Pure Python: the contract of ingest."""
+    first = validate_chains(raw, cfg, ctx)[0]
+    if isinstance(first, RowError):
+        raise first
+    return first
+
+
+def _verdict(rec: dict[str, Any] | RowError) -> dict[str, str | None]:
+    if isinstance(rec, RowError):
+        return {"record": None, "error": rec.reason, "detail": _safe(rec.detail), "chain_id": None}
+    record = json.dumps(rec, ensure_ascii=False)
+    if not _encodable(record):  # a lone surrogate in a label or metadata key
+        return {"record": None, "error": "undecodable_text", "detail": "a key holds text that is not valid UTF-8",
+                "chain_id": None}
+    return {"record": record, "error": None, "detail": None, "chain_id": rec[C.CHAIN_ID]}
+
+
+def validate_series(
+    raw: pd.Series, cfg: IngestSettings, on_error: str = "quarantine", ctx: pd.Series | None = None
+) -> pd.Series:
+    """Per row, the list of its candidates' verdicts (record, error, detail, chain_id).
+
+    `on_error` (runtime.on_row_error): what an unexpected exception on one row does; `fail` re-raises."""
+    contexts = ctx if ctx is not None else [None] * len(raw)
+    compiled = _compile(tuple(cfg.mapping.items()))
+    out = []
+    for text, extra in zip(raw, contexts, strict=True):
+        try:
+            out.append([_verdict(rec) for rec in validate_chains(text, cfg, extra, compiled)])
+        except RowError as err:
+            out.append([_verdict(err)])
         except Exception as err:  # a validator bug must quarantine the row, not fail the night
             if on_error == "fail":
                 raise
-            rows.append((None, "validator_error", _safe(f"{type(err).__name__}: {err}"), None))
-    return pd.DataFrame(rows, columns=["record", "error", "detail", "chain_id"])
+            out.append([_verdict(RowError("validator_error", f"{type(err).__name__}: {err}"))])
+    return pd.Series(out, dtype=object)
 
 
 def _safe(text: str) -> str:
@@ -232,31 +347,133 @@ def _safe(text: str) -> str:
 def input_files(pattern: str) -> list[str]:
     base = resolve_path(pattern)
     if base.is_dir():
-        if (base / "_delta_log").is_dir():
+        if (base / "_delta_log").is_dir() or _is_hf_dataset(base):
             return [str(base)]
+        if (base / "dataset_dict.json").is_file():  # a DatasetDict: one dataset folder per split
+            return sorted(str(p) for p in base.iterdir() if _is_hf_dataset(p))
         return sorted(str(p) for p in base.rglob("*") if p.suffix in {".jsonl", ".json", ".parquet"})
     return sorted(glob.glob(str(base)))
 
 
-def read_raw(spark: SparkSession, cfg: IngestSettings) -> DataFrame:
-    """Input -> (raw JSON text, source). Unreadable files become a quarantine row, not a crash."""
+def ingest_files(cfg: IngestSettings) -> list[str]:
+    """The files ingest reads: `input_files`, and for lm_eval only the samples files (an lm-eval output folder
+    also holds its results_*.json, which are no chains)."""
     files = input_files(cfg.input)
+    if cfg.preset == "lm_eval":
+        files = [f for f in files if Path(f).name.startswith("samples_") and f.endswith(".jsonl")]
+    return files
+
+
+def _is_hf_dataset(path: Path) -> bool:
+    """A `datasets` save_to_disk folder: state.json naming its Arrow files."""
+    return (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+
+
+def _format(path: str, cfg: IngestSettings) -> str:
+    if cfg.format != "auto":
+        return cfg.format
+    if Path(path, "_delta_log").is_dir():
+        return "delta"
+    if _is_hf_dataset(Path(path)):
+        return "hf_datasets"
+    return "parquet" if path.endswith(".parquet") else "jsonl"
+
+
+def read_hf_dataset(spark: SparkSession, folder: str) -> DataFrame:
+    """A save_to_disk folder -> (raw JSON text) rows, read on the executors, one task per Arrow file.
+
+    Spark has no reader for Arrow IPC streams (what `datasets` writes), and Dataset.load_from_disk would bring
+    every row through the driver; so a frame of the file names is mapped to rows with pyarrow's stream reader,
+    one record batch at a time (a memory-mapped file, as `datasets` itself reads it)."""
+    state = json.loads(Path(folder, "state.json").read_text())
+    files = [str(Path(folder, f["filename"])) for f in state.get("_data_files", [])]
     if not files:
+        raise ValueError(f"{folder}: state.json names no Arrow files")
+
+    def rows(batches: Any) -> Any:
+        import pyarrow as pa
+
+        for batch in batches:
+            for name in batch.column("file").to_pylist():
+                with pa.memory_map(name) as source:
+                    for records in pa.ipc.open_stream(source):
+                        texts = [json.dumps(r, ensure_ascii=False, default=str) for r in records.to_pylist()]
+                        yield pa.RecordBatch.from_arrays([pa.array(texts, pa.string())], names=[RAW])
+
+    names = spark.createDataFrame([(f,) for f in files], "file string").repartition(len(files))
+    return names.mapInArrow(rows, f"{RAW} string")
+
+
+_LM_EVAL_SAMPLES = re.compile(r"^samples_(?P<task>.+)_(?P<run>\d{4}-\d{2}-\d{2}T[0-9.\-]+)\.jsonl$")
+
+
+def lm_eval_file(path: str) -> dict[str, Any]:
+    """`_file` of an lm-evaluation-harness samples file: task and run from the name (EvaluationTracker writes
+    samples_<task>_<date_id>.jsonl beside results_<date_id>.json), model from that results file's model_name
+    (else config.model); another results_*.json of the folder when the run's own is missing."""
+    p = Path(path)
+    match = _LM_EVAL_SAMPLES.match(p.name)
+    if match is None:
+        log.warning(f"[ingest] {path}: not named samples_<task>_<date>.jsonl; task and run are unknown")
+        return {}
+    facts: dict[str, Any] = {"task": match["task"], "run": match["run"]}
+    results = p.with_name(f"results_{match['run']}.json")
+    if not results.is_file():
+        others = sorted(p.parent.glob("results_*.json"))
+        results = others[-1] if others else results
+    if results.is_file():
+        try:
+            doc = json.loads(results.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as err:
+            log.warning(f"[ingest] {results}: unreadable ({err}); the model is unknown")
+            doc = {}
+        config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+        model = doc.get("model_name") or config.get("model")
+        if model is not None:
+            facts["model"] = str(model)
+    return facts
+
+
+def _file_context(path: str, cfg: IngestSettings) -> str | None:
+    if cfg.preset == "lm_eval" and path.endswith(".jsonl"):
+        return json.dumps({"_file": lm_eval_file(path)}, ensure_ascii=False)
+    return None
+
+
+def _join_batch_input(spark: SparkSession, out: DataFrame, cfg: IngestSettings) -> DataFrame:
+    """OpenAI batch output rows + `ctx` {"_input": the input line with the same custom_id}; an id that two
+    different input lines share gives `_input_count` (quarantined: which request was it?)."""
+    files = input_files(cfg.batch_input or "")
+    if not files:
+        raise FileNotFoundError(f"ingest.batch_input={cfg.batch_input!r} matches no file")
+    lines = spark.read.text(files).select(F.make_valid_utf8(F.col("value")).alias("_in"))
+    lines = lines.where(F.trim("_in") != "").withColumn("_cid", F.get_json_object("_in", "$.custom_id"))
+    by_id = lines.groupBy("_cid").agg(F.min("_in").alias("_in"), F.countDistinct("_in").alias("_n"))
+    joined = out.withColumn("_cid", F.get_json_object(RAW, "$.custom_id")).join(by_id, "_cid", "left")
+    ctx = F.when(F.col("_n") > 1, F.concat(F.lit('{"_input_count": '), F.col("_n").cast("string"), F.lit("}")))
+    ctx = ctx.when(F.col("_in").isNotNull(), F.concat(F.lit('{"_input": '), F.col("_in"), F.lit("}")))
+    return joined.select(RAW, "source", ctx.alias(CTX))
+
+
+def read_raw(spark: SparkSession, cfg: IngestSettings) -> DataFrame:
+    """Input -> (raw JSON text, source, ctx). Unreadable files become a quarantine row, not a crash."""
+    files = ingest_files(cfg)
+    if not files:
+        kinds = "samples_*.jsonl file" if cfg.preset == "lm_eval" else ".jsonl, .json or .parquet file, no Delta table"
         raise FileNotFoundError(
-            f"ingest.input={cfg.input!r} matches no .jsonl, .json or .parquet file and no Delta table "
-            f"(looked at {resolve_path(cfg.input)})"
+            f"ingest.input={cfg.input!r} matches no {kinds} and no datasets folder (looked at {resolve_path(cfg.input)})"
         )
     parts: list[DataFrame] = []
-    empty = spark.createDataFrame([], "raw string, source string")
+    empty = spark.createDataFrame([], f"{RAW} string, source string, {CTX} string")
     for path in files:
-        fmt = cfg.format
-        if fmt == "auto":
-            fmt = "delta" if Path(path, "_delta_log").is_dir() else ("parquet" if path.endswith(".parquet") else "jsonl")
+        fmt = _format(path, cfg)
         try:
             if fmt == "jsonl":
                 # Spark keeps invalid UTF-8 bytes as they are and Arrow then fails the whole batch;
                 # U+FFFD in their place lets the validator quarantine just that row.
                 df = spark.read.text(path).select(F.make_valid_utf8(F.col("value")).alias(RAW))
+            elif fmt == "hf_datasets":
+                df = read_hf_dataset(spark, path)
             else:
                 if fmt == "parquet":
                     # A footer check here spares Spark a job that fails (and is retried) on every executor.
@@ -267,17 +484,20 @@ def read_raw(spark: SparkSession, cfg: IngestSettings) -> DataFrame:
                 df = df.select(F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias(RAW))
             df = df.where(F.trim(F.col(RAW)) != "") if fmt == "jsonl" else df
             df.schema  # noqa: B018 - forces the footer read so a corrupt file fails here
-            parts.append(df.withColumn("source", F.lit(path)))
+            context = _file_context(path, cfg)
+            parts.append(df.withColumn("source", F.lit(path)).withColumn(CTX, F.lit(context).cast("string")))
         except Exception as err:  # a truncated Parquet file, an unreadable folder
             # The error's class, not its text: the text names task ids, and the quarantine row must be
             # the same on a rerun so it is not added twice.
             condition = getattr(err, "getCondition", None)
             kind = (condition() if callable(condition) else None) or type(err).__name__
             msg = json.dumps({UNREADABLE: path, "error": kind})
-            parts.append(spark.createDataFrame([(msg, path)], "raw string, source string"))
+            parts.append(spark.createDataFrame([(msg, path, None)], f"{RAW} string, source string, {CTX} string"))
     out = empty
     for part in parts:
         out = out.unionByName(part)
+    if cfg.preset == "openai_batch":
+        out = _join_batch_input(spark, out, cfg)
     # One partition per small file would make every later stage run a task (and a Python worker
     # round trip) per file; big files keep their splits (about one per 64 MB).
     size = sum(_size(p) for p in files)
@@ -291,12 +511,16 @@ def _size(path: str) -> int:
 
 
 def check(raw: DataFrame, cfg: IngestSettings, on_error: str = "quarantine") -> DataFrame:
-    """(raw, source) rows + `v`, the validator's verdict (record, error, detail, chain_id)."""
+    """(raw, source[, ctx]) rows -> one row per candidate chain: + `pos` (0 for a row's first) and `v`, the
+    validator's verdict (record, error, detail, chain_id)."""
 
-    def _validate(batch: pd.Series) -> pd.DataFrame:
-        return validate_series(batch, cfg, on_error)
+    def _validate(batch: pd.Series, ctx: pd.Series) -> pd.Series:
+        return validate_series(batch, cfg, on_error, ctx)
 
-    return raw.withColumn("v", F.pandas_udf(_validate, _VALIDATED)(F.col(RAW)))
+    ctx = F.col(CTX) if CTX in raw.columns else F.lit(None).cast("string")
+    verdicts = F.pandas_udf(_validate, _VALIDATED)(F.col(RAW), ctx)
+    keep = [c for c in raw.columns if c != CTX]
+    return raw.select(*keep, F.posexplode(verdicts).alias(POS, "v"))
 
 
 def transform(
@@ -344,7 +568,8 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> d
     # Cached after validation: the good and the bad branch (and every count) reuse one verdict per row.
     with tables.Held() as hold:
         raw = hold(check(read_raw(spark, settings.ingest), settings.ingest, settings.runtime.on_row_error))
-        n_read = raw.count()
+        n_candidates = raw.count()
+        n_read = raw.where(F.col(POS) == 0).count()
         chains, rejected = transform(raw, settings.ingest, settings.runtime.on_row_error)
         chains = hold(chains)
         path = settings.table("chains")
@@ -367,13 +592,17 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> d
         rejected = hold(rejected)
         counts = {
             "read": n_read,
+            "candidates": n_candidates,
+            "fanned_out": n_candidates - n_read,
             "valid": chains.count(),
             "already_present": present.count(),
             "quarantined": rejected.count(),
         }
         counts["inserted"] = tables.insert_new(spark, fresh, path, C.SCHEMA, [C.CHAIN_ID])
         tables.append_quarantine(spark, settings, rejected)
-        counts["reconciled"] = int(counts["read"] == counts["inserted"] + counts["already_present"] + counts["quarantined"])
+        counts["reconciled"] = int(
+            counts["candidates"] == counts["inserted"] + counts["already_present"] + counts["quarantined"]
+        )
     return counts
 
 
@@ -395,7 +624,7 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
             {"input": settings.ingest.input, "chains_version_before": before, "chains_version_after": after}
         )
         log.info(
-            f"[ingest] read={counts['read']} inserted={counts['inserted']} "
+            f"[ingest] read={counts['read']} candidates={counts['candidates']} inserted={counts['inserted']} "
             f"already_present={counts['already_present']} quarantined={counts['quarantined']} "
             f"-> {settings.table('chains')} (version {after})"
         )

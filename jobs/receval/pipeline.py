@@ -269,16 +269,24 @@ def _table_state(
 
 # -- ingest with input-file bookkeeping ----------------------------------------------------------------
 def input_fingerprints(settings: Settings) -> list[tuple[str, int, int]]:
-    """(path, size, mtime_ns) of every input file; a Delta input table by its latest log entry."""
-    from jobs.receval.ingest import input_files
+    """(path, size, mtime_ns) of every input file; a Delta input table by its latest log entry, a datasets
+    folder by its files' total size and latest change. The OpenAI batch input file counts as an input too:
+    a new one changes the chains of the same output file."""
+    from jobs.receval.ingest import ingest_files, input_files
 
+    paths = ingest_files(settings.ingest)
+    if settings.ingest.batch_input:
+        paths += input_files(settings.ingest.batch_input)
     out = []
-    for path in input_files(settings.ingest.input):
+    for path in paths:
         p = Path(path)
         if (p / "_delta_log").is_dir():
             logs = sorted((p / "_delta_log").glob("*.json"))
             last = logs[-1] if logs else p / "_delta_log"
             out.append((str(p), int(last.stem) if logs else -1, last.stat().st_mtime_ns))
+        elif p.is_dir():
+            stats = [f.stat() for f in p.rglob("*") if f.is_file()]
+            out.append((str(p), sum(st.st_size for st in stats), max((st.st_mtime_ns for st in stats), default=0)))
         else:
             st = p.stat()
             out.append((str(p), st.st_size, st.st_mtime_ns))

@@ -101,6 +101,8 @@ def test_run_ingests_good_rows_quarantines_bad_and_reconciles(spark, make_settin
     counts = ingest.run(spark, settings, run_id="r1")
     assert counts == {
         "read": 7,
+        "candidates": 7,  # no fan-out: one candidate chain per row
+        "fanned_out": 0,
         "valid": 3,
         "already_present": 0,
         "quarantined": 4,
