@@ -129,33 +129,58 @@ class RuntimeSettings(Section):
     share_prefix: bool = True
 
 
+# target field -> source field in the input rows. A user's `ingest.mapping` updates these key by key (a key set to
+# null removes that field), so `--set ingest.mapping.context=doc.question` keeps every other field.
+DEFAULT_MAPPING: dict[str, str] = {
+    "chain_id": "chain_id",
+    "dataset": "dataset",
+    "question_id": "question_id",
+    "context": "context",
+    "question": "question",
+    "steps": "steps",
+    # a step given as an object carries its own RCUs: these name its fields (dotted paths inside it)
+    "step_text": "text",
+    "step_premises": "premises",
+    "step_conclusion": "conclusion",
+    "chain_text": "chain",
+    "answer": "answer",
+    "gold_answer": "gold_answer",
+    "gold_steps": "gold_steps",
+    "labels": "labels",
+    "metadata": "metadata",
+}
+
+
 class IngestSettings(Section):
     input: str = "tests/data/sample_lake"
     format: Literal["auto", "jsonl", "parquet", "delta"] = "auto"
-    # target field -> source field in the input rows (None: not present).
-    mapping: dict[str, str | None] = Field(
-        default_factory=lambda: {
-            "chain_id": "chain_id",
-            "dataset": "dataset",
-            "question_id": "question_id",
-            "context": "context",
-            "question": "question",
-            "steps": "steps",
-            # a step given as an object carries its own RCUs: these name its fields (dotted paths inside it)
-            "step_text": "text",
-            "step_premises": "premises",
-            "step_conclusion": "conclusion",
-            "chain_text": "chain",
-            "answer": "answer",
-            "gold_answer": "gold_answer",
-            "gold_steps": "gold_steps",
-            "labels": "labels",
-            "metadata": "metadata",
-        }
-    )
+    # target field -> source field in the input rows: always the merged mapping (DEFAULT_MAPPING + the user's keys).
+    # (`str | None`: so `--set ingest.mapping.KEY=null` reads as null, which removes the key.)
+    mapping: dict[str, str | None] = Field(default_factory=lambda: dict(DEFAULT_MAPPING))
     dataset: str = "default"
     max_field_chars: int = Field(200_000, ge=1)
     max_steps: int = Field(2_000, ge=1)
+    # A literal U+FFFD in text that is valid UTF-8 (byte-level BPE models emit it when a generation cuts a
+    # character): strip_end removes it at the end of a text and keeps it inside, strip removes every one, keep
+    # keeps them, quarantine rejects the row (reason replacement_char). Bytes that are not UTF-8 are always
+    # quarantined as undecodable_text.
+    replacement_char: Literal["strip_end", "keep", "strip", "quarantine"] = "strip_end"
+    # The run fails (non-zero exit, FAILED MLflow run) when quarantined / read rows reaches this share; the rows
+    # are written to `quarantine` first. 1.0: only a run that quarantines every row it read.
+    max_quarantined_share: float = Field(1.0, gt=0, le=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _merged_mapping(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("mapping"), Mapping):
+            return data
+        mapping: dict[str, Any] = dict(DEFAULT_MAPPING)
+        for key, value in data["mapping"].items():
+            if value is None:
+                mapping.pop(key, None)
+            else:
+                mapping[key] = value
+        return {**data, "mapping": mapping}
 
 
 class StepsSettings(Section):
@@ -701,9 +726,10 @@ class MaintainSettings(Section):
 
 
 class ExportSettings(Section):
-    """`python -m jobs.receval.export`: curated (or rejected) chains with text, scores and reasons."""
+    """`python -m jobs.receval.export`: curated (or rejected) chains with text, scores and reasons, or the
+    quarantine table (reasons, raw rows, sources; `datasets` and `config_hash` do not apply to it)."""
 
-    table: Literal["curated", "rejected"] = "curated"
+    table: Literal["curated", "rejected", "quarantine"] = "curated"
     format: Literal["jsonl", "parquet", "hf"] = "jsonl"
     output: str = "exports/curated"
     datasets: list[str] | None = None  # None: every dataset
