@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
 from jobs.infra import tables
 from jobs.infra.config import IngestSettings, Settings, resolve_path
@@ -29,7 +29,12 @@ from schemas import quarantine as Q
 log = logging.getLogger(__spec__.name)
 
 RAW = "raw"
-REPLACEMENT_CHAR = "\ufffd"  # what make_valid_utf8 leaves for undecodable bytes
+# read_raw's flag: false when the row's bytes were not valid UTF-8 (make_valid_utf8 put U+FFFD in their place).
+# A frame without it (Parquet, Delta, a test's own) is valid text: a U+FFFD in it is a character.
+VALID_UTF8 = "raw_valid_utf8"
+REPLACEMENT_CHAR = "\ufffd"  # what make_valid_utf8 leaves for undecodable bytes; also a character in its own right
+# validate's record carries the count of texts that held a literal U+FFFD under this key (popped before writing).
+REPLACED = "_replacement_chars"
 BOM = "\ufeff"
 # read_raw's stand-in row for a file Spark cannot read (truncated Parquet): quarantined as unreadable_file.
 UNREADABLE = "_receval_unreadable_file"
@@ -40,6 +45,7 @@ _VALIDATED = StructType(
         StructField("error", StringType(), True),  # reason kind, e.g. missing_context
         StructField("detail", StringType(), True),
         StructField("chain_id", StringType(), True),
+        StructField("replaced", IntegerType(), True),  # texts of a valid row that held a literal U+FFFD
     ]
 )
 
@@ -49,6 +55,33 @@ class RowError(ValueError):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+
+
+class ReplacementChars:
+    """What a U+FFFD in a row's text means. `fault`: the row's bytes were not UTF-8, so it stands for lost bytes
+    (undecodable_text). Otherwise it is a character of the text (byte-level BPE models emit it when a generation
+    cuts a character), handled per `ingest.replacement_char`; `seen` counts the texts that held one."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.seen = 0
+
+    def __call__(self, field: str, text: str) -> str:
+        if REPLACEMENT_CHAR not in text:
+            return text
+        if self.mode == "fault":
+            raise RowError("undecodable_text", f"field {field!r} holds bytes that are not valid UTF-8")
+        self.seen += 1
+        if self.mode == "quarantine":
+            raise RowError("replacement_char", f"field {field!r} holds U+FFFD (ingest.replacement_char=quarantine)")
+        if self.mode == "strip":
+            return text.replace(REPLACEMENT_CHAR, "")
+        if self.mode == "strip_end":
+            return text.rstrip(REPLACEMENT_CHAR)
+        return text
+
+
+_FAULT = ReplacementChars("fault")  # callers that pass none: every U+FFFD is a fault (never counts)
 
 
 def _lookup(row: Mapping[str, Any], source: str | None) -> Any:
@@ -63,7 +96,9 @@ def _lookup(row: Mapping[str, Any], source: str | None) -> Any:
     return value
 
 
-def _text(field: str, value: Any, limit: int, required: bool = False) -> str | None:
+def _text(
+    field: str, value: Any, limit: int, required: bool = False, fffd: ReplacementChars | None = None
+) -> str | None:
     if value is None:
         if required:
             raise RowError(f"missing_{field}", f"field {field!r} is missing or null")
@@ -72,8 +107,8 @@ def _text(field: str, value: Any, limit: int, required: bool = False) -> str | N
         raise RowError("wrong_type", f"field {field!r} must be text, got {type(value).__name__}")
     if isinstance(value, float) and not math.isfinite(value):
         raise RowError("wrong_type", f"field {field!r} is {value}")
-    text = str(value)
-    if REPLACEMENT_CHAR in text or not _encodable(text):
+    text = (fffd or _FAULT)(field, str(value))
+    if not _encodable(text):
         raise RowError("undecodable_text", f"field {field!r} holds bytes that are not valid UTF-8")
     if len(text) > limit:
         raise RowError("oversized", f"field {field!r} has {len(text)} characters (limit {limit})")
@@ -91,26 +126,28 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _text_list(field: str, value: Any, limit: int, max_items: int) -> list[str] | None:
+def _text_list(
+    field: str, value: Any, limit: int, max_items: int, fffd: ReplacementChars | None = None
+) -> list[str] | None:
     if value is None:
         return None
     if not isinstance(value, list):
         raise RowError("wrong_type", f"field {field!r} must be a list of strings, got {type(value).__name__}")
     if len(value) > max_items:
         raise RowError("too_many_steps", f"field {field!r} has {len(value)} items (limit {max_items})")
-    items = [_text(f"{field}[{i}]", v, limit, required=False) for i, v in enumerate(value)]
+    items = [_text(f"{field}[{i}]", v, limit, required=False, fffd=fffd) for i, v in enumerate(value)]
     if any(item is None or not item.strip() for item in items):
         raise RowError("empty_step", f"field {field!r} holds an empty or whitespace-only step")
     return [item for item in items if item is not None]
 
 
 def _steps(
-    value: Any, m: Mapping[str, str | None], limit: int, max_items: int
+    value: Any, m: Mapping[str, str | None], limit: int, max_items: int, fffd: ReplacementChars | None = None
 ) -> tuple[list[str] | None, list[dict[str, Any]] | None]:
     """(step texts, given RCUs or None): steps are texts, or objects that carry their own units (text, premise
     units, conclusion unit, under the mapping's step_text / step_premises / step_conclusion)."""
     if not isinstance(value, list) or not any(isinstance(v, Mapping) for v in value):
-        return _text_list("steps", value, limit, max_items), None
+        return _text_list("steps", value, limit, max_items, fffd), None
     if not all(isinstance(v, Mapping) for v in value):
         raise RowError("wrong_type", "field 'steps' mixes texts and objects")
     if len(value) > max_items:
@@ -118,7 +155,7 @@ def _steps(
     texts: list[str] = []
     units: list[dict[str, Any]] = []
     for i, obj in enumerate(value):
-        text = _text(f"steps[{i}].text", _lookup(obj, m.get("step_text")), limit)
+        text = _text(f"steps[{i}].text", _lookup(obj, m.get("step_text")), limit, fffd=fffd)
         if text is None or not text.strip():
             raise RowError("empty_step", f"step {i} has no text")
         premises = _lookup(obj, m.get("step_premises"))
@@ -126,10 +163,10 @@ def _steps(
             premises = []
         if not isinstance(premises, list):
             raise RowError("wrong_type", f"step {i}: premises must be a list of strings, got {type(premises).__name__}")
-        premises = [_text(f"steps[{i}].premises[{j}]", p, limit) for j, p in enumerate(premises)]
+        premises = [_text(f"steps[{i}].premises[{j}]", p, limit, fffd=fffd) for j, p in enumerate(premises)]
         if any(p is None or not p.strip() for p in premises):
             raise RowError("empty_step", f"step {i} holds an empty premise unit")
-        conclusion = _text(f"steps[{i}].conclusion", _lookup(obj, m.get("step_conclusion")), limit)
+        conclusion = _text(f"steps[{i}].conclusion", _lookup(obj, m.get("step_conclusion")), limit, fffd=fffd)
         if conclusion is None or not conclusion.strip():
             raise RowError("missing_step_conclusion", f"step {i} gives units but no conclusion unit")
         texts.append(text)
@@ -160,8 +197,12 @@ def _metadata(value: Any) -> dict[str, str] | None:
     return {str(k): v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for k, v in value.items()}
 
 
-def validate(raw: str | None, cfg: IngestSettings) -> dict[str, Any]:
-    """One raw row -> a chains record, or a RowError. Pure Python: the contract of ingest."""
+def validate(raw: str | None, cfg: IngestSettings, valid_utf8: bool = True) -> dict[str, Any]:
+    """One raw row -> a chains record, or a RowError. Pure Python: the contract of ingest.
+
+    `valid_utf8`: false when the row's bytes were not UTF-8 (a U+FFFD in it then stands for lost bytes). The
+    record also holds REPLACED, the number of texts that held a literal U+FFFD (validate_series drops it).
+    """
     if raw is None or not raw.strip():
         raise RowError("empty_row", "the input row is empty")
     try:
@@ -174,20 +215,21 @@ def validate(raw: str | None, cfg: IngestSettings) -> dict[str, Any]:
     if UNREADABLE in row:
         raise RowError("unreadable_file", f"{row[UNREADABLE]}: {row.get('error')}")
     m, limit = cfg.mapping, cfg.max_field_chars
+    fffd = ReplacementChars(cfg.replacement_char if valid_utf8 else "fault")
     record: dict[str, Any] = {
-        C.DATASET: _text("dataset", _lookup(row, m.get("dataset")), limit) or cfg.dataset,
-        C.QUESTION_ID: _text("question_id", _lookup(row, m.get("question_id")), limit),
-        C.CONTEXT: _text("context", _lookup(row, m.get("context")), limit, required=True),
-        C.QUESTION: _text("question", _lookup(row, m.get("question")), limit),
+        C.DATASET: _text("dataset", _lookup(row, m.get("dataset")), limit, fffd=fffd) or cfg.dataset,
+        C.QUESTION_ID: _text("question_id", _lookup(row, m.get("question_id")), limit, fffd=fffd),
+        C.CONTEXT: _text("context", _lookup(row, m.get("context")), limit, required=True, fffd=fffd),
+        C.QUESTION: _text("question", _lookup(row, m.get("question")), limit, fffd=fffd),
         C.STEPS: None,
-        C.CHAIN_TEXT: _text("chain_text", _lookup(row, m.get("chain_text")), limit),
-        C.ANSWER: _text("answer", _lookup(row, m.get("answer")), limit),
-        C.GOLD_ANSWER: _text("gold_answer", _lookup(row, m.get("gold_answer")), limit),
-        C.GOLD_STEPS: _text_list("gold_steps", _lookup(row, m.get("gold_steps")), limit, cfg.max_steps),
+        C.CHAIN_TEXT: _text("chain_text", _lookup(row, m.get("chain_text")), limit, fffd=fffd),
+        C.ANSWER: _text("answer", _lookup(row, m.get("answer")), limit, fffd=fffd),
+        C.GOLD_ANSWER: _text("gold_answer", _lookup(row, m.get("gold_answer")), limit, fffd=fffd),
+        C.GOLD_STEPS: _text_list("gold_steps", _lookup(row, m.get("gold_steps")), limit, cfg.max_steps, fffd),
         C.LABELS: _labels(_lookup(row, m.get("labels"))),
         C.METADATA: _metadata(_lookup(row, m.get("metadata"))),
     }
-    record[C.STEPS], record[C.STEP_RCUS] = _steps(_lookup(row, m.get("steps")), m, limit, cfg.max_steps)
+    record[C.STEPS], record[C.STEP_RCUS] = _steps(_lookup(row, m.get("steps")), m, limit, cfg.max_steps, fffd)
     if record[C.STEPS] is None and record[C.CHAIN_TEXT] is None:
         raise RowError("missing_chain", "neither steps nor chain text is present")
     if record[C.STEPS] is not None and not record[C.STEPS]:
@@ -203,26 +245,32 @@ def validate(raw: str | None, cfg: IngestSettings) -> dict[str, Any]:
         raise RowError("wrong_type", f"field 'chain_id' must be text, got {type(given).__name__}")
     chain_id = str(given).strip() if given is not None else ""
     record[C.CHAIN_ID] = chain_id or record[C.CONTENT_HASH]
+    record[REPLACED] = fffd.seen
     return record
 
 
-def validate_series(raw: pd.Series, cfg: IngestSettings, on_error: str = "quarantine") -> pd.DataFrame:
-    """`on_error` (runtime.on_row_error): what an unexpected exception on one row does; `fail` re-raises."""
+def validate_series(
+    raw: pd.Series, cfg: IngestSettings, on_error: str = "quarantine", valid_utf8: pd.Series | None = None
+) -> pd.DataFrame:
+    """`on_error` (runtime.on_row_error): what an unexpected exception on one row does; `fail` re-raises.
+    `valid_utf8`: read_raw's flag per row (None: every row was valid UTF-8)."""
     rows = []
-    for text in raw:
+    flags = [True] * len(raw) if valid_utf8 is None else valid_utf8.fillna(True).tolist()
+    for text, ok in zip(raw, flags, strict=True):
         try:
-            rec = validate(text, cfg)
+            rec = validate(text, cfg) if ok else validate(text, cfg, valid_utf8=False)
+            replaced = int(rec.pop(REPLACED, 0))
             record = json.dumps(rec, ensure_ascii=False)
             if not _encodable(record):  # a lone surrogate in a label or metadata key
                 raise RowError("undecodable_text", "a key holds text that is not valid UTF-8")
-            rows.append((record, None, None, rec[C.CHAIN_ID]))
+            rows.append((record, None, None, rec[C.CHAIN_ID], replaced))
         except RowError as err:
-            rows.append((None, err.reason, _safe(err.detail), None))
+            rows.append((None, err.reason, _safe(err.detail), None, 0))
         except Exception as err:  # a validator bug must quarantine the row, not fail the night
             if on_error == "fail":
                 raise
-            rows.append((None, "validator_error", _safe(f"{type(err).__name__}: {err}"), None))
-    return pd.DataFrame(rows, columns=["record", "error", "detail", "chain_id"])
+            rows.append((None, "validator_error", _safe(f"{type(err).__name__}: {err}"), None, 0))
+    return pd.DataFrame(rows, columns=["record", "error", "detail", "chain_id", "replaced"])
 
 
 def _safe(text: str) -> str:
@@ -239,7 +287,10 @@ def input_files(pattern: str) -> list[str]:
 
 
 def read_raw(spark: SparkSession, cfg: IngestSettings) -> DataFrame:
-    """Input -> (raw JSON text, source). Unreadable files become a quarantine row, not a crash."""
+    """Input -> (raw JSON text, valid UTF-8 flag, source). Unreadable files become a quarantine row, not a crash.
+
+    Parquet and Delta rows have no bytes of their own: their JSON text (to_json) is checked the same way, so a
+    U+FFFD in a string column is a character and follows `ingest.replacement_char`."""
     files = input_files(cfg.input)
     if not files:
         raise FileNotFoundError(
@@ -247,16 +298,14 @@ def read_raw(spark: SparkSession, cfg: IngestSettings) -> DataFrame:
             f"(looked at {resolve_path(cfg.input)})"
         )
     parts: list[DataFrame] = []
-    empty = spark.createDataFrame([], "raw string, source string")
+    empty = spark.createDataFrame([], f"raw string, {VALID_UTF8} boolean, source string")
     for path in files:
         fmt = cfg.format
         if fmt == "auto":
             fmt = "delta" if Path(path, "_delta_log").is_dir() else ("parquet" if path.endswith(".parquet") else "jsonl")
         try:
             if fmt == "jsonl":
-                # Spark keeps invalid UTF-8 bytes as they are and Arrow then fails the whole batch;
-                # U+FFFD in their place lets the validator quarantine just that row.
-                df = spark.read.text(path).select(F.make_valid_utf8(F.col("value")).alias(RAW))
+                df = spark.read.text(path).select(F.col("value").alias(RAW))
             else:
                 if fmt == "parquet":
                     # A footer check here spares Spark a job that fails (and is retried) on every executor.
@@ -266,6 +315,10 @@ def read_raw(spark: SparkSession, cfg: IngestSettings) -> DataFrame:
                 df = spark.read.format("delta" if fmt == "delta" else "parquet").load(path)
                 df = df.select(F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias(RAW))
             df = df.where(F.trim(F.col(RAW)) != "") if fmt == "jsonl" else df
+            # Spark keeps invalid UTF-8 bytes as they are and Arrow then fails the whole batch; U+FFFD in their
+            # place lets the validator quarantine just that row, and the flag tells those U+FFFD from the
+            # character itself (valid text a model wrote).
+            df = df.select(F.make_valid_utf8(F.col(RAW)).alias(RAW), F.is_valid_utf8(F.col(RAW)).alias(VALID_UTF8))
             df.schema  # noqa: B018 - forces the footer read so a corrupt file fails here
             parts.append(df.withColumn("source", F.lit(path)))
         except Exception as err:  # a truncated Parquet file, an unreadable folder
@@ -274,7 +327,7 @@ def read_raw(spark: SparkSession, cfg: IngestSettings) -> DataFrame:
             condition = getattr(err, "getCondition", None)
             kind = (condition() if callable(condition) else None) or type(err).__name__
             msg = json.dumps({UNREADABLE: path, "error": kind})
-            parts.append(spark.createDataFrame([(msg, path)], "raw string, source string"))
+            parts.append(spark.createDataFrame([(msg, True, path)], f"raw string, {VALID_UTF8} boolean, source string"))
     out = empty
     for part in parts:
         out = out.unionByName(part)
@@ -291,12 +344,13 @@ def _size(path: str) -> int:
 
 
 def check(raw: DataFrame, cfg: IngestSettings, on_error: str = "quarantine") -> DataFrame:
-    """(raw, source) rows + `v`, the validator's verdict (record, error, detail, chain_id)."""
+    """(raw, source) rows + `v`, the validator's verdict (record, error, detail, chain_id, replaced)."""
 
-    def _validate(batch: pd.Series) -> pd.DataFrame:
-        return validate_series(batch, cfg, on_error)
+    def _validate(batch: pd.Series, valid_utf8: pd.Series) -> pd.DataFrame:
+        return validate_series(batch, cfg, on_error, valid_utf8)
 
-    return raw.withColumn("v", F.pandas_udf(_validate, _VALIDATED)(F.col(RAW)))
+    flag = F.col(VALID_UTF8) if VALID_UTF8 in raw.columns else F.lit(True)
+    return raw.withColumn("v", F.pandas_udf(_validate, _VALIDATED)(F.col(RAW), flag))
 
 
 def transform(
@@ -339,12 +393,32 @@ def transform(
     return tables.conform(chains, C.SCHEMA), bad_rows.unionByName(dup_rows)
 
 
+class QuarantineLimitError(RuntimeError):
+    """Ingest quarantined at least `ingest.max_quarantined_share` of the rows it read (they are in `quarantine`)."""
+
+
 def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> dict[str, int]:
     """Ingest into the lake; returns the reconciled counts."""
+    return run_with_reasons(spark, settings, run_id)[0]
+
+
+def run_with_reasons(
+    spark: SparkSession, settings: Settings, run_id: str | None = None
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Ingest into the lake; returns the reconciled counts and this run's quarantined rows by reason (rows a
+    rerun finds already in `quarantine` included, so the reasons add up to counts["quarantined"]).
+
+    counts["replacement_char"]: valid rows whose text held a literal U+FFFD (kept or stripped, per
+    ingest.replacement_char); under `quarantine` those rows are in the reasons as replacement_char instead.
+    """
     # Cached after validation: the good and the bad branch (and every count) reuse one verdict per row.
     with tables.Held() as hold:
         raw = hold(check(read_raw(spark, settings.ingest), settings.ingest, settings.runtime.on_row_error))
-        n_read = raw.count()
+        read = raw.agg(
+            F.count(F.lit(1)).alias("n"),
+            F.sum(F.when(F.col("v.error").isNull() & (F.col("v.replaced") > 0), 1).otherwise(0)).alias("fffd"),
+        ).first()
+        n_read = int(read["n"])
         chains, rejected = transform(raw, settings.ingest, settings.runtime.on_row_error)
         chains = hold(chains)
         path = settings.table("chains")
@@ -365,16 +439,46 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> d
         )
         rejected = rejected.withColumn(Q.RUN_ID, F.lit(run_id).cast("string")).unionByName(conflict_rows)
         rejected = hold(rejected)
+        by_reason = {r[Q.REASON]: int(r["count"]) for r in rejected.groupBy(Q.REASON).count().collect()}
         counts = {
             "read": n_read,
             "valid": chains.count(),
             "already_present": present.count(),
-            "quarantined": rejected.count(),
+            "quarantined": sum(by_reason.values()),
+            "replacement_char": int(read["fffd"] or 0),
         }
         counts["inserted"] = tables.insert_new(spark, fresh, path, C.SCHEMA, [C.CHAIN_ID])
         tables.append_quarantine(spark, settings, rejected)
         counts["reconciled"] = int(counts["read"] == counts["inserted"] + counts["already_present"] + counts["quarantined"])
-    return counts
+    return counts, by_reason
+
+
+def quarantine_limit_error(counts: Mapping[str, int], by_reason: Mapping[str, int], limit: float) -> str | None:
+    """Why the run must fail (quarantined / read reached `limit`, ingest.max_quarantined_share), else None.
+
+    A run that read no rows has no share and does not fail here. The message names the top reasons.
+    """
+    read, quarantined = counts.get("read", 0), counts.get("quarantined", 0)
+    if read <= 0 or quarantined / read < limit:
+        return None
+    top = sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+    reasons_text = ", ".join(f"{reason}={n}" for reason, n in top)
+    return (
+        f"ingest quarantined {quarantined} of {read} rows read ({quarantined / read:.0%}), at or over "
+        f"ingest.max_quarantined_share={limit:g}; top reasons: {reasons_text}. The rows are in the quarantine "
+        "table (python -m jobs.receval.export --set export.table=quarantine); check ingest.mapping and the input."
+    )
+
+
+def check_limit(counts: Mapping[str, int], by_reason: Mapping[str, int], settings: Settings) -> None:
+    """Raise when the counts do not reconcile or the quarantined share reached ingest.max_quarantined_share
+    (called after every row was written: nothing is lost)."""
+    if not counts["reconciled"]:
+        raise RuntimeError(f"ingest counts do not reconcile: {counts}")
+    problem = quarantine_limit_error(counts, by_reason, settings.ingest.max_quarantined_share)
+    if problem:
+        log.error(f"[ingest] {problem}")
+        raise QuarantineLimitError(problem)
 
 
 def reasons(spark: SparkSession, settings: Settings, run_id: str | None = None) -> dict[str, int]:
@@ -387,22 +491,24 @@ def reasons(spark: SparkSession, settings: Settings, run_id: str | None = None) 
 def main(argv: list[str] | None = None) -> dict[str, int]:
     with job("ingest", __doc__, argv) as (spark, settings, tracked):
         before = tables.version(spark, settings.table("chains"))
-        counts = run(spark, settings, tracked.local_id)
+        counts, by_reason = run_with_reasons(spark, settings, tracked.local_id)
         after = tables.version(spark, settings.table("chains"))
         tracked.log_metrics({f"rows_{k}": v for k, v in counts.items()})
-        tracked.log_metrics({f"quarantined_{k}": v for k, v in reasons(spark, settings, tracked.local_id).items()})
+        tracked.log_metrics({f"quarantined_{k}": v for k, v in by_reason.items()})
         tracked.set_tags(
             {"input": settings.ingest.input, "chains_version_before": before, "chains_version_after": after}
         )
         log.info(
             f"[ingest] read={counts['read']} inserted={counts['inserted']} "
             f"already_present={counts['already_present']} quarantined={counts['quarantined']} "
-            f"-> {settings.table('chains')} (version {after})"
+            f"replacement_char={counts['replacement_char']} -> {settings.table('chains')} (version {after})"
         )
-        if not counts["reconciled"]:
-            raise RuntimeError(f"ingest counts do not reconcile: {counts}")
+        check_limit(counts, by_reason, settings)  # inside the run: it ends FAILED, with the counts above logged
     return counts
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except QuarantineLimitError as err:  # already logged, and the MLflow run ended FAILED: no traceback
+        raise SystemExit(f"error: {err}") from None
