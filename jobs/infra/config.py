@@ -686,7 +686,8 @@ class PipelineSettings(Section):
     rescore: bool = False
     # Chains per committed batch: a killed run loses at most one batch of work per stage.
     batch_chains: int = Field(5_000, ge=1)
-    # Skip ingest when no input file changed since the last run (path, size, mtime).
+    # Skip ingest when no input file changed since the last run (path, size, mtime, and the ingest settings but
+    # input: a changed mapping reads the files again).
     skip_unchanged_input: bool = True
     report_worst_n: int = Field(5, ge=0)
     # rich: a live progress bar on a terminal; plain: one line per committed batch (logs, CI).
