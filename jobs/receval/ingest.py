@@ -73,7 +73,7 @@ class ReplacementChars:
             raise RowError("undecodable_text", f"field {field!r} holds bytes that are not valid UTF-8")
         self.seen += 1
         if self.mode == "quarantine":
-            raise RowError("replacement_char", f"field {field!r} holds U+FFFD (ingest.replacement_char=quarantine)")
+            raise RowError("replacement_char", f"field {field!r} holds U+FFFD (replacement_char=quarantine)")
         if self.mode == "strip":
             return text.replace(REPLACEMENT_CHAR, "")
         if self.mode == "strip_end":
@@ -107,7 +107,9 @@ def _text(
         raise RowError("wrong_type", f"field {field!r} must be text, got {type(value).__name__}")
     if isinstance(value, float) and not math.isfinite(value):
         raise RowError("wrong_type", f"field {field!r} is {value}")
-    text = (fffd or _FAULT)(field, str(value))
+    text = str(value)
+    if REPLACEMENT_CHAR in text:  # rare: the call only then
+        text = (fffd or _FAULT)(field, text)
     if not _encodable(text):
         raise RowError("undecodable_text", f"field {field!r} holds bytes that are not valid UTF-8")
     if len(text) > limit:
@@ -327,7 +329,7 @@ def read_raw(spark: SparkSession, cfg: IngestSettings) -> DataFrame:
             condition = getattr(err, "getCondition", None)
             kind = (condition() if callable(condition) else None) or type(err).__name__
             msg = json.dumps({UNREADABLE: path, "error": kind})
-            parts.append(spark.createDataFrame([(msg, True, path)], f"raw string, {VALID_UTF8} boolean, source string"))
+            parts.append(spark.createDataFrame([(msg, True, path)], empty.schema))
     out = empty
     for part in parts:
         out = out.unionByName(part)

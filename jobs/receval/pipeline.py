@@ -423,7 +423,8 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
         tracked.log_metrics({f"rescore_deleted.{k}": v for k, v in rescore(ctx).items()})
     plan: list[tuple[str, tuple[str, ...], tuple[str, ...], Callable[[StageReport, JobRun], None]]] = []
     if "ingest" in wanted:
-        plan.append(("ingest", ("input_files",), ("chains", "quarantine", "input_files"), lambda r, t: _ingest(ctx, r, t)))
+        plan.append(("ingest", ("input_files",), ("chains", "quarantine", "input_files"),
+                     lambda r, t: _ingest(ctx, r, t)))
     for stage in CHAIN_STAGES:
         if stage.name in wanted:
             plan.append(
