@@ -30,7 +30,7 @@ log = logging.getLogger(__spec__.name)
 
 RAW = "raw"
 # read_raw's flag: false when the row's bytes were not valid UTF-8 (make_valid_utf8 put U+FFFD in their place).
-# A frame without it (Parquet, Delta, a test's own) is valid text: a U+FFFD in it is a character.
+# A frame without it (one a caller built) is taken as valid text: a U+FFFD in it is a character.
 VALID_UTF8 = "raw_valid_utf8"
 REPLACEMENT_CHAR = "\ufffd"  # what make_valid_utf8 leaves for undecodable bytes; also a character in its own right
 # validate's record carries the count of texts that held a literal U+FFFD under this key (popped before writing).
