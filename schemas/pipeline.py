@@ -27,6 +27,9 @@ PATH = "path"
 SIZE = "size"
 MODIFIED_NS = "modified_ns"
 SEEN_AT = "seen_at"
+# Hash of the ingest settings that shape rows (the ingest section but its input): a file read under other
+# settings (a fixed mapping) is read again. Null in rows recorded before it existed: those files are read once more.
+INGEST_HASH = "ingest_hash"
 
 # Input files (or Delta input tables, by their latest log entry) ingest has fully read.
 INPUT_FILES_SCHEMA = StructType(
@@ -36,6 +39,7 @@ INPUT_FILES_SCHEMA = StructType(
         StructField(MODIFIED_NS, LongType(), False),
         StructField(RUN_ID, StringType(), True),
         StructField(SEEN_AT, TimestampType(), True),
+        StructField(INGEST_HASH, StringType(), True),
     ]
 )
-INPUT_FILES_KEYS = [PATH, SIZE, MODIFIED_NS]
+INPUT_FILES_KEYS = [PATH, SIZE, MODIFIED_NS, INGEST_HASH]

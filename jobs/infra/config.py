@@ -173,6 +173,14 @@ class IngestSettings(Section):
     dataset: str = "default"
     max_field_chars: int = Field(200_000, ge=1)
     max_steps: int = Field(2_000, ge=1)
+    # A literal U+FFFD in text that is valid UTF-8 (byte-level BPE models emit it when a generation cuts a
+    # character): strip_end removes it at the end of a text and keeps it inside, strip removes every one, keep
+    # keeps them, quarantine rejects the row (reason replacement_char). Bytes that are not UTF-8 are always
+    # quarantined as undecodable_text.
+    replacement_char: Literal["strip_end", "keep", "strip", "quarantine"] = "strip_end"
+    # The run fails (non-zero exit, FAILED MLflow run) when quarantined / read rows reaches this share; the rows
+    # are written to `quarantine` first. 1.0: only a run that quarantines every row it read.
+    max_quarantined_share: float = Field(1.0, gt=0, le=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -728,7 +736,8 @@ class PipelineSettings(Section):
     rescore: bool = False
     # Chains per committed batch: a killed run loses at most one batch of work per stage.
     batch_chains: int = Field(5_000, ge=1)
-    # Skip ingest when no input file changed since the last run (path, size, mtime).
+    # Skip ingest when no input file changed since the last run (path, size, mtime, and the ingest settings but
+    # input: a changed mapping reads the files again).
     skip_unchanged_input: bool = True
     report_worst_n: int = Field(5, ge=0)
     # rich: a live progress bar on a terminal; plain: one line per committed batch (logs, CI).
@@ -768,9 +777,10 @@ class MaintainSettings(Section):
 
 
 class ExportSettings(Section):
-    """`python -m jobs.receval.export`: curated (or rejected) chains with text, scores and reasons."""
+    """`python -m jobs.receval.export`: curated (or rejected) chains with text, scores and reasons, or the
+    quarantine table (reasons, raw rows, sources; `datasets` and `config_hash` do not apply to it)."""
 
-    table: Literal["curated", "rejected"] = "curated"
+    table: Literal["curated", "rejected", "quarantine"] = "curated"
     format: Literal["jsonl", "parquet", "hf"] = "jsonl"
     output: str = "exports/curated"
     datasets: list[str] | None = None  # None: every dataset

@@ -1,9 +1,11 @@
 """`curated` (or `rejected`) + `chains` -> the selected chains with their text, scores and reasons, as JSON Lines,
-Parquet or a Hugging Face `datasets` folder, filtered by dataset and pipeline run.
+Parquet or a Hugging Face `datasets` folder, filtered by dataset and pipeline run; or the `quarantine` table (the
+rows ingest and the stages refused: stage, reason, detail, raw row, source), filtered by run.
 
     python -m jobs.receval.export --set export.format=hf --set export.output=exports/gsm8k_passed \\
         --set 'export.datasets=[gsm8k]'
     python -m jobs.receval.export --set export.table=rejected --set export.run_id=<pipeline run id>
+    python -m jobs.receval.export --set export.table=quarantine --set export.output=exports/quarantine
 
 jsonl and parquet write a folder of part files (Spark's; one per partition, read back as one data set by
 `spark.read.json`, `pandas.read_parquet`, `datasets.load_dataset("json", data_files=...)`); hf writes
@@ -25,6 +27,7 @@ from jobs.infra.config import ExportSettings, Settings, resolve_path
 from jobs.infra.tracking import job
 from schemas import chains as C
 from schemas import curation as CU
+from schemas import quarantine as Q
 
 log = logging.getLogger(__spec__.name)
 
@@ -48,6 +51,16 @@ def transform(selected: DataFrame, chains: DataFrame, cfg: ExportSettings, confi
     return chosen.join(text, CU.CHAIN_ID).select(
         CU.CHAIN_ID, *TEXT, *scores, CU.FAILED_RULES, CU.RUN_ID, CU.CONFIG_HASH, CU.RULES_HASH, CU.CURATED_AT
     )
+
+
+def quarantine_transform(quarantine: DataFrame, cfg: ExportSettings) -> DataFrame:
+    """The quarantine table's rows (every column: stage, reason, detail, chain id, raw row, source, run,
+    time), those of `cfg.run_id` only when set, ordered by stage, reason and source."""
+    if cfg.datasets:
+        # A quarantined row may never have had a dataset (not JSON, no mapping match): no filter can be honest.
+        raise ValueError("export.datasets does not apply to export.table=quarantine (its rows have no dataset)")
+    rows = quarantine.where(F.col(Q.RUN_ID) == cfg.run_id) if cfg.run_id else quarantine
+    return rows.select(*Q.SCHEMA.fieldNames()).orderBy(Q.STAGE, Q.REASON, Q.SOURCE, Q.RAW)
 
 
 def hf_compatible(df: DataFrame) -> DataFrame:
@@ -82,14 +95,17 @@ def write(df: DataFrame, fmt: str, output: str) -> str:
 
 def run(spark: SparkSession, settings: Settings) -> dict[str, int | str]:
     cfg = settings.export
-    schema = CU.CURATED_SCHEMA if cfg.table == "curated" else CU.REJECTED_SCHEMA
-    selected = tables.read(spark, settings.table(cfg.table), schema)
-    chains = tables.read(spark, settings.table("chains"), C.SCHEMA)
     with tables.Held() as hold:
-        out = hold(transform(selected, chains, cfg, cfg.config_hash or settings.scoring_hash()))
+        if cfg.table == "quarantine":
+            out = hold(quarantine_transform(tables.read(spark, settings.table("quarantine"), Q.SCHEMA), cfg))
+        else:
+            schema = CU.CURATED_SCHEMA if cfg.table == "curated" else CU.REJECTED_SCHEMA
+            selected = tables.read(spark, settings.table(cfg.table), schema)
+            chains = tables.read(spark, settings.table("chains"), C.SCHEMA)
+            out = hold(transform(selected, chains, cfg, cfg.config_hash or settings.scoring_hash()))
         rows = out.count()
         folder = write(out, cfg.format, cfg.output)
-    log.info("[export] %d %s chains -> %s (%s)", rows, cfg.table, folder, cfg.format)
+    log.info("[export] %d %s rows -> %s (%s)", rows, cfg.table, folder, cfg.format)
     return {"rows": rows, "output": folder}
 
 

@@ -12,7 +12,6 @@ batch input (`_input`) and chat turns (`_chat`) to each row before the mapping r
 
 from __future__ import annotations
 
-import functools
 import glob
 import json
 import logging
@@ -25,7 +24,7 @@ from typing import Any
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
 
 from jobs.infra import tables
 from jobs.infra.config import IngestSettings, Settings, resolve_path
@@ -40,7 +39,12 @@ log = logging.getLogger(__spec__.name)
 RAW = "raw"
 CTX = "ctx"  # per-row JSON object merged into the row before the mapping reads it (`_file`, `_input`)
 POS = "pos"  # a candidate's index among its row's candidates: 0 marks one row read
-REPLACEMENT_CHAR = "\ufffd"  # what make_valid_utf8 leaves for undecodable bytes
+# read_raw's flag: false when the row's bytes were not valid UTF-8 (make_valid_utf8 put U+FFFD in their place).
+# A frame without it (one a caller built) is taken as valid text: a U+FFFD in it is a character.
+VALID_UTF8 = "raw_valid_utf8"
+REPLACEMENT_CHAR = "\ufffd"  # what make_valid_utf8 leaves for undecodable bytes; also a character in its own right
+# validate's record carries the count of texts that held a literal U+FFFD under this key (popped before writing).
+REPLACED = "_replacement_chars"
 BOM = "\ufeff"
 # read_raw's stand-in row for a file Spark cannot read (truncated Parquet): quarantined as unreadable_file.
 UNREADABLE = "_receval_unreadable_file"
@@ -51,6 +55,7 @@ _VERDICT = StructType(
         StructField("error", StringType(), True),  # reason kind, e.g. missing_context
         StructField("detail", StringType(), True),
         StructField("chain_id", StringType(), True),
+        StructField("replaced", IntegerType(), True),  # texts of a valid row that held a literal U+FFFD
     ]
 )
 _VALIDATED = ArrayType(_VERDICT)  # one verdict per candidate chain of a row (several with a fan-out)
@@ -63,11 +68,46 @@ class RowError(ValueError):
         self.detail = detail
 
 
-@functools.lru_cache(maxsize=16)  # once per process and mapping; the config check proved every source parses
+class ReplacementChars:
+    """What a U+FFFD in a row's text means. `fault`: the row's bytes were not UTF-8, so it stands for lost bytes
+    (undecodable_text). Otherwise it is a character of the text (byte-level BPE models emit it when a generation
+    cuts a character), handled per `ingest.replacement_char`; `seen` counts the texts that held one."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.seen = 0
+
+    def __call__(self, field: str, text: str) -> str:
+        if REPLACEMENT_CHAR not in text:
+            return text
+        if self.mode == "fault":
+            raise RowError("undecodable_text", f"field {field!r} holds bytes that are not valid UTF-8")
+        self.seen += 1
+        if self.mode == "quarantine":
+            raise RowError("replacement_char", f"field {field!r} holds U+FFFD (replacement_char=quarantine)")
+        if self.mode == "strip":
+            return text.replace(REPLACEMENT_CHAR, "")
+        if self.mode == "strip_end":
+            return text.rstrip(REPLACEMENT_CHAR)
+        return text
+
+
+_FAULT = ReplacementChars("fault")  # callers that pass none: every U+FFFD is a fault (never counts)
+
+
+# Plain dicts, not functools.lru_cache: run as `python -m jobs.receval.ingest` this module is __main__, and
+# cloudpickle ships its functions to the executors by value, which an lru_cache wrapper cannot be.
+_COMPILED: dict[tuple[tuple[str, str | None], ...], tuple[dict[str, Source | None], str | None]] = {}
+_FILE_FACTS: dict[str, dict[str, Any]] = {}
+
+
 def _compile(items: tuple[tuple[str, str | None], ...]) -> tuple[dict[str, Source | None], str | None]:
-    compiled = {key: compile_source(text) if text is not None else None for key, text in items}
-    fan_key = next((k for k, src in compiled.items() if src is not None and src.fans_out), None)
-    return compiled, fan_key
+    """Once per process and mapping; the config check proved every source parses."""
+    if items not in _COMPILED:
+        compiled = {key: compile_source(text) if text is not None else None for key, text in items}
+        fan_key = next((k for k, src in compiled.items() if src is not None and src.fans_out), None)
+        _COMPILED[items] = compiled, fan_key
+    return _COMPILED[items]
 
 
 def _lookup(row: Any, source: Source | None, sample_idx: int = 0) -> Any:
@@ -80,7 +120,9 @@ def _lookup(row: Any, source: Source | None, sample_idx: int = 0) -> Any:
         raise RowError(err.reason, err.detail) from None
 
 
-def _text(field: str, value: Any, limit: int, required: bool = False) -> str | None:
+def _text(
+    field: str, value: Any, limit: int, required: bool = False, fffd: ReplacementChars | None = None
+) -> str | None:
     if value is None:
         if required:
             raise RowError(f"missing_{field}", f"field {field!r} is missing or null")
@@ -90,7 +132,9 @@ def _text(field: str, value: Any, limit: int, required: bool = False) -> str | N
     if isinstance(value, float) and not math.isfinite(value):
         raise RowError("wrong_type", f"field {field!r} is {value}")
     text = str(value)
-    if REPLACEMENT_CHAR in text or not _encodable(text):
+    if REPLACEMENT_CHAR in text:  # rare: the call only then
+        text = (fffd or _FAULT)(field, text)
+    if not _encodable(text):
         raise RowError("undecodable_text", f"field {field!r} holds bytes that are not valid UTF-8")
     if len(text) > limit:
         raise RowError("oversized", f"field {field!r} has {len(text)} characters (limit {limit})")
@@ -108,26 +152,28 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _text_list(field: str, value: Any, limit: int, max_items: int) -> list[str] | None:
+def _text_list(
+    field: str, value: Any, limit: int, max_items: int, fffd: ReplacementChars | None = None
+) -> list[str] | None:
     if value is None:
         return None
     if not isinstance(value, list):
         raise RowError("wrong_type", f"field {field!r} must be a list of strings, got {type(value).__name__}")
     if len(value) > max_items:
         raise RowError("too_many_steps", f"field {field!r} has {len(value)} items (limit {max_items})")
-    items = [_text(f"{field}[{i}]", v, limit, required=False) for i, v in enumerate(value)]
+    items = [_text(f"{field}[{i}]", v, limit, required=False, fffd=fffd) for i, v in enumerate(value)]
     if any(item is None or not item.strip() for item in items):
         raise RowError("empty_step", f"field {field!r} holds an empty or whitespace-only step")
     return [item for item in items if item is not None]
 
 
 def _steps(
-    value: Any, m: Mapping[str, Source | None], limit: int, max_items: int
+    value: Any, m: Mapping[str, Source | None], limit: int, max_items: int, fffd: ReplacementChars | None = None
 ) -> tuple[list[str] | None, list[dict[str, Any]] | None]:
     """(step texts, given RCUs or None): steps are texts, or objects that carry their own units (text, premise
     units, conclusion unit, under the mapping's step_text / step_premises / step_conclusion)."""
     if not isinstance(value, list) or not any(isinstance(v, Mapping) for v in value):
-        return _text_list("steps", value, limit, max_items), None
+        return _text_list("steps", value, limit, max_items, fffd), None
     if not all(isinstance(v, Mapping) for v in value):
         raise RowError("wrong_type", "field 'steps' mixes texts and objects")
     if len(value) > max_items:
@@ -135,7 +181,7 @@ def _steps(
     texts: list[str] = []
     units: list[dict[str, Any]] = []
     for i, obj in enumerate(value):
-        text = _text(f"steps[{i}].text", _lookup(obj, m.get("step_text")), limit)
+        text = _text(f"steps[{i}].text", _lookup(obj, m.get("step_text")), limit, fffd=fffd)
         if text is None or not text.strip():
             raise RowError("empty_step", f"step {i} has no text")
         premises = _lookup(obj, m.get("step_premises"))
@@ -143,10 +189,10 @@ def _steps(
             premises = []
         if not isinstance(premises, list):
             raise RowError("wrong_type", f"step {i}: premises must be a list of strings, got {type(premises).__name__}")
-        premises = [_text(f"steps[{i}].premises[{j}]", p, limit) for j, p in enumerate(premises)]
+        premises = [_text(f"steps[{i}].premises[{j}]", p, limit, fffd=fffd) for j, p in enumerate(premises)]
         if any(p is None or not p.strip() for p in premises):
             raise RowError("empty_step", f"step {i} holds an empty premise unit")
-        conclusion = _text(f"steps[{i}].conclusion", _lookup(obj, m.get("step_conclusion")), limit)
+        conclusion = _text(f"steps[{i}].conclusion", _lookup(obj, m.get("step_conclusion")), limit, fffd=fffd)
         if conclusion is None or not conclusion.strip():
             raise RowError("missing_step_conclusion", f"step {i} gives units but no conclusion unit")
         texts.append(text)
@@ -177,10 +223,13 @@ def _metadata(value: Any) -> dict[str, str] | None:
     return {str(k): v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for k, v in value.items()}
 
 
-@functools.lru_cache(maxsize=64)
 def _file_facts(ctx: str) -> dict[str, Any]:
     """A file's `_file` context, parsed once: every row of the file carries the same text (read only)."""
-    return json.loads(ctx)
+    if ctx not in _FILE_FACTS:
+        if len(_FILE_FACTS) > 64:  # one entry per input file; bounded for a long-lived worker
+            _FILE_FACTS.clear()
+        _FILE_FACTS[ctx] = json.loads(ctx)
+    return _FILE_FACTS[ctx]
 
 
 def _row(raw: str | None, cfg: IngestSettings, ctx: str | None = None) -> dict[str, Any]:
@@ -219,10 +268,18 @@ def _row(raw: str | None, cfg: IngestSettings, ctx: str | None = None) -> dict[s
 
 
 def _record(
-    row: dict[str, Any], cfg: IngestSettings, m: Mapping[str, Source | None], fan: tuple[str, Any, int] | None
+    row: dict[str, Any],
+    cfg: IngestSettings,
+    m: Mapping[str, Source | None],
+    fan: tuple[str, Any, int] | None,
+    valid_utf8: bool = True,
 ) -> dict[str, Any]:
-    """One chains record from a row; `fan` = (the fanned-out field, this candidate's value, its index)."""
+    """One chains record from a row; `fan` = (the fanned-out field, this candidate's value, its index).
+
+    `valid_utf8`: false when the row's bytes were not UTF-8 (a U+FFFD in it then stands for lost bytes). The
+    record also holds REPLACED, the number of texts that held a literal U+FFFD (_verdict drops it)."""
     limit = cfg.max_field_chars
+    fffd = ReplacementChars(cfg.replacement_char if valid_utf8 else "fault")
     idx = fan[2] if fan else 0
 
     def get(key: str) -> Any:
@@ -234,15 +291,15 @@ def _record(
         chain_text, after = split_reasoning(chain_text, cfg.reasoning_tags)
         answer = answer if answer is not None else after
     record: dict[str, Any] = {
-        C.DATASET: _text("dataset", get("dataset"), limit) or cfg.dataset,
-        C.QUESTION_ID: _text("question_id", get("question_id"), limit),
-        C.CONTEXT: _text("context", get("context"), limit, required=True),
-        C.QUESTION: _text("question", get("question"), limit),
+        C.DATASET: _text("dataset", get("dataset"), limit, fffd=fffd) or cfg.dataset,
+        C.QUESTION_ID: _text("question_id", get("question_id"), limit, fffd=fffd),
+        C.CONTEXT: _text("context", get("context"), limit, required=True, fffd=fffd),
+        C.QUESTION: _text("question", get("question"), limit, fffd=fffd),
         C.STEPS: None,
-        C.CHAIN_TEXT: _text("chain_text", chain_text, limit),
-        C.ANSWER: _text("answer", answer, limit),
-        C.GOLD_ANSWER: _text("gold_answer", get("gold_answer"), limit),
-        C.GOLD_STEPS: _text_list("gold_steps", get("gold_steps"), limit, cfg.max_steps),
+        C.CHAIN_TEXT: _text("chain_text", chain_text, limit, fffd=fffd),
+        C.ANSWER: _text("answer", answer, limit, fffd=fffd),
+        C.GOLD_ANSWER: _text("gold_answer", get("gold_answer"), limit, fffd=fffd),
+        C.GOLD_STEPS: _text_list("gold_steps", get("gold_steps"), limit, cfg.max_steps, fffd),
         C.LABELS: _labels(get("labels")),
         C.METADATA: _metadata(get("metadata")),
     }
@@ -257,7 +314,7 @@ def _record(
     if extra:
         record[C.METADATA] = {**(record[C.METADATA] or {}), **_metadata(extra)}
     step_sources = {k: m.get(k) for k in STEP_KEYS}
-    record[C.STEPS], record[C.STEP_RCUS] = _steps(get("steps"), step_sources, limit, cfg.max_steps)
+    record[C.STEPS], record[C.STEP_RCUS] = _steps(get("steps"), step_sources, limit, cfg.max_steps, fffd)
     if record[C.STEPS] is None and record[C.CHAIN_TEXT] is None:
         raise RowError("missing_chain", "neither steps nor chain text is present")
     if record[C.STEPS] is not None and not record[C.STEPS]:
@@ -273,6 +330,7 @@ def _record(
         raise RowError("wrong_type", f"field 'chain_id' must be text, got {type(given).__name__}")
     chain_id = str(given).strip() if given is not None else ""
     record[C.CHAIN_ID] = chain_id or record[C.CONTENT_HASH]
+    record[REPLACED] = fffd.seen
     return record
 
 
@@ -281,6 +339,7 @@ def validate_chains(
     cfg: IngestSettings,
     ctx: str | None = None,
     compiled: tuple[dict[str, Source | None], str | None] | None = None,
+    valid_utf8: bool = True,
 ) -> list[dict[str, Any] | RowError]:
     """One raw row -> its candidates: a chains record or a RowError each (one, or one per fanned-out element).
 
@@ -288,49 +347,56 @@ def validate_chains(
     row = _row(raw, cfg, ctx)
     m, fan_key = compiled if compiled is not None else _compile(tuple(cfg.mapping.items()))
     if fan_key is None:
-        return [_record(row, cfg, m, None)]
+        return [_record(row, cfg, m, None, valid_utf8)]
     values = _lookup(row, m[fan_key])
     if values is None:
-        return [_record(row, cfg, m, None)]  # the fanned-out field is missing: as any missing field
+        return [_record(row, cfg, m, None, valid_utf8)]  # the fanned-out field is missing: as any missing field
     out: list[dict[str, Any] | RowError] = []
     for i, value in enumerate(values):
         try:
-            out.append(_record(row, cfg, m, (fan_key, value, i)))
+            out.append(_record(row, cfg, m, (fan_key, value, i), valid_utf8))
         except RowError as err:
             out.append(RowError(err.reason, f"sample {i}: {err.detail}"))
     return out
 
 
-def validate(raw: str | None, cfg: IngestSettings, ctx: str | None = None) -> dict[str, Any]:
+def validate(raw: str | None, cfg: IngestSettings, ctx: str | None = None, valid_utf8: bool = True) -> dict[str, Any]:
     """One raw row -> its (first) chains record, or a RowError. Pure Python: the contract of ingest."""
-    first = validate_chains(raw, cfg, ctx)[0]
+    first = validate_chains(raw, cfg, ctx, valid_utf8=valid_utf8)[0]
     if isinstance(first, RowError):
         raise first
     return first
 
 
-def _verdict(rec: dict[str, Any] | RowError) -> dict[str, str | None]:
+def _verdict(rec: dict[str, Any] | RowError) -> dict[str, Any]:
     if isinstance(rec, RowError):
-        return {"record": None, "error": rec.reason, "detail": _safe(rec.detail), "chain_id": None}
+        return {"record": None, "error": rec.reason, "detail": _safe(rec.detail), "chain_id": None, "replaced": 0}
+    replaced = int(rec.pop(REPLACED, 0))
     record = json.dumps(rec, ensure_ascii=False)
     if not _encodable(record):  # a lone surrogate in a label or metadata key
         return {"record": None, "error": "undecodable_text", "detail": "a key holds text that is not valid UTF-8",
-                "chain_id": None}
-    return {"record": record, "error": None, "detail": None, "chain_id": rec[C.CHAIN_ID]}
+                "chain_id": None, "replaced": 0}
+    return {"record": record, "error": None, "detail": None, "chain_id": rec[C.CHAIN_ID], "replaced": replaced}
 
 
 def validate_series(
-    raw: pd.Series, cfg: IngestSettings, on_error: str = "quarantine", ctx: pd.Series | None = None
+    raw: pd.Series,
+    cfg: IngestSettings,
+    on_error: str = "quarantine",
+    ctx: pd.Series | None = None,
+    valid_utf8: pd.Series | None = None,
 ) -> pd.Series:
-    """Per row, the list of its candidates' verdicts (record, error, detail, chain_id).
+    """Per row, the list of its candidates' verdicts (record, error, detail, chain_id, replaced).
 
-    `on_error` (runtime.on_row_error): what an unexpected exception on one row does; `fail` re-raises."""
+    `on_error` (runtime.on_row_error): what an unexpected exception on one row does; `fail` re-raises.
+    `valid_utf8`: read_raw's flag per row (None: every row was valid UTF-8)."""
     contexts = ctx if ctx is not None else [None] * len(raw)
+    flags = [True] * len(raw) if valid_utf8 is None else valid_utf8.fillna(True).tolist()
     compiled = _compile(tuple(cfg.mapping.items()))
     out = []
-    for text, extra in zip(raw, contexts, strict=True):
+    for text, extra, ok in zip(raw, contexts, flags, strict=True):
         try:
-            out.append([_verdict(rec) for rec in validate_chains(text, cfg, extra, compiled)])
+            out.append([_verdict(rec) for rec in validate_chains(text, cfg, extra, compiled, bool(ok))])
         except RowError as err:
             out.append([_verdict(err)])
         except Exception as err:  # a validator bug must quarantine the row, not fail the night
@@ -452,11 +518,14 @@ def _join_batch_input(spark: SparkSession, out: DataFrame, cfg: IngestSettings) 
     joined = out.withColumn("_cid", F.get_json_object(RAW, "$.custom_id")).join(by_id, "_cid", "left")
     ctx = F.when(F.col("_n") > 1, F.concat(F.lit('{"_input_count": '), F.col("_n").cast("string"), F.lit("}")))
     ctx = ctx.when(F.col("_in").isNotNull(), F.concat(F.lit('{"_input": '), F.col("_in"), F.lit("}")))
-    return joined.select(RAW, "source", ctx.alias(CTX))
+    return joined.select(RAW, VALID_UTF8, "source", ctx.alias(CTX))
 
 
 def read_raw(spark: SparkSession, cfg: IngestSettings) -> DataFrame:
-    """Input -> (raw JSON text, source, ctx). Unreadable files become a quarantine row, not a crash."""
+    """Input -> (raw JSON text, valid UTF-8 flag, source, ctx). Unreadable files become a quarantine row, not a crash.
+
+    Parquet, Delta and datasets rows have no bytes of their own: their JSON text is checked the same way, so a
+    U+FFFD in a string column is a character and follows `ingest.replacement_char`."""
     files = ingest_files(cfg)
     if not files:
         kinds = "samples_*.jsonl file" if cfg.preset == "lm_eval" else ".jsonl, .json or .parquet file, no Delta table"
@@ -464,14 +533,12 @@ def read_raw(spark: SparkSession, cfg: IngestSettings) -> DataFrame:
             f"ingest.input={cfg.input!r} matches no {kinds} and no datasets folder (looked at {resolve_path(cfg.input)})"
         )
     parts: list[DataFrame] = []
-    empty = spark.createDataFrame([], f"{RAW} string, source string, {CTX} string")
+    empty = spark.createDataFrame([], f"{RAW} string, {VALID_UTF8} boolean, source string, {CTX} string")
     for path in files:
         fmt = _format(path, cfg)
         try:
             if fmt == "jsonl":
-                # Spark keeps invalid UTF-8 bytes as they are and Arrow then fails the whole batch;
-                # U+FFFD in their place lets the validator quarantine just that row.
-                df = spark.read.text(path).select(F.make_valid_utf8(F.col("value")).alias(RAW))
+                df = spark.read.text(path).select(F.col("value").alias(RAW))
             elif fmt == "hf_datasets":
                 df = read_hf_dataset(spark, path)
             else:
@@ -483,6 +550,10 @@ def read_raw(spark: SparkSession, cfg: IngestSettings) -> DataFrame:
                 df = spark.read.format("delta" if fmt == "delta" else "parquet").load(path)
                 df = df.select(F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias(RAW))
             df = df.where(F.trim(F.col(RAW)) != "") if fmt == "jsonl" else df
+            # Spark keeps invalid UTF-8 bytes as they are and Arrow then fails the whole batch; U+FFFD in their
+            # place lets the validator quarantine just that row, and the flag tells those U+FFFD from the
+            # character itself (valid text a model wrote).
+            df = df.select(F.make_valid_utf8(F.col(RAW)).alias(RAW), F.is_valid_utf8(F.col(RAW)).alias(VALID_UTF8))
             df.schema  # noqa: B018 - forces the footer read so a corrupt file fails here
             context = _file_context(path, cfg)
             parts.append(df.withColumn("source", F.lit(path)).withColumn(CTX, F.lit(context).cast("string")))
@@ -492,7 +563,7 @@ def read_raw(spark: SparkSession, cfg: IngestSettings) -> DataFrame:
             condition = getattr(err, "getCondition", None)
             kind = (condition() if callable(condition) else None) or type(err).__name__
             msg = json.dumps({UNREADABLE: path, "error": kind})
-            parts.append(spark.createDataFrame([(msg, path, None)], f"{RAW} string, source string, {CTX} string"))
+            parts.append(spark.createDataFrame([(msg, True, path, None)], empty.schema))
     out = empty
     for part in parts:
         out = out.unionByName(part)
@@ -512,13 +583,14 @@ def _size(path: str) -> int:
 
 def check(raw: DataFrame, cfg: IngestSettings, on_error: str = "quarantine") -> DataFrame:
     """(raw, source[, ctx]) rows -> one row per candidate chain: + `pos` (0 for a row's first) and `v`, the
-    validator's verdict (record, error, detail, chain_id)."""
+    validator's verdict (record, error, detail, chain_id, replaced)."""
 
-    def _validate(batch: pd.Series, ctx: pd.Series) -> pd.Series:
-        return validate_series(batch, cfg, on_error, ctx)
+    def _validate(batch: pd.Series, ctx: pd.Series, valid_utf8: pd.Series) -> pd.Series:
+        return validate_series(batch, cfg, on_error, ctx, valid_utf8)
 
     ctx = F.col(CTX) if CTX in raw.columns else F.lit(None).cast("string")
-    verdicts = F.pandas_udf(_validate, _VALIDATED)(F.col(RAW), ctx)
+    flag = F.col(VALID_UTF8) if VALID_UTF8 in raw.columns else F.lit(True)
+    verdicts = F.pandas_udf(_validate, _VALIDATED)(F.col(RAW), ctx, flag)
     keep = [c for c in raw.columns if c != CTX]
     return raw.select(*keep, F.posexplode(verdicts).alias(POS, "v"))
 
@@ -563,13 +635,33 @@ def transform(
     return tables.conform(chains, C.SCHEMA), bad_rows.unionByName(dup_rows)
 
 
+class QuarantineLimitError(RuntimeError):
+    """Ingest quarantined at least `ingest.max_quarantined_share` of the rows it read (they are in `quarantine`)."""
+
+
 def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> dict[str, int]:
     """Ingest into the lake; returns the reconciled counts."""
+    return run_with_reasons(spark, settings, run_id)[0]
+
+
+def run_with_reasons(
+    spark: SparkSession, settings: Settings, run_id: str | None = None
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Ingest into the lake; returns the reconciled counts and this run's quarantined rows by reason (rows a
+    rerun finds already in `quarantine` included, so the reasons add up to counts["quarantined"]).
+
+    counts["replacement_char"]: valid rows whose text held a literal U+FFFD (kept or stripped, per
+    ingest.replacement_char); under `quarantine` those rows are in the reasons as replacement_char instead.
+    """
     # Cached after validation: the good and the bad branch (and every count) reuse one verdict per row.
     with tables.Held() as hold:
         raw = hold(check(read_raw(spark, settings.ingest), settings.ingest, settings.runtime.on_row_error))
-        n_candidates = raw.count()
-        n_read = raw.where(F.col(POS) == 0).count()
+        read = raw.agg(
+            F.count(F.lit(1)).alias("n"),
+            F.sum(F.when(F.col(POS) == 0, 1).otherwise(0)).alias("rows"),
+            F.sum(F.when(F.col("v.error").isNull() & (F.col("v.replaced") > 0), 1).otherwise(0)).alias("fffd"),
+        ).first()
+        n_candidates, n_read = int(read["n"]), int(read["rows"] or 0)
         chains, rejected = transform(raw, settings.ingest, settings.runtime.on_row_error)
         chains = hold(chains)
         path = settings.table("chains")
@@ -590,20 +682,53 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> d
         )
         rejected = rejected.withColumn(Q.RUN_ID, F.lit(run_id).cast("string")).unionByName(conflict_rows)
         rejected = hold(rejected)
+        by_reason = {r[Q.REASON]: int(r["count"]) for r in rejected.groupBy(Q.REASON).count().collect()}
         counts = {
             "read": n_read,
             "candidates": n_candidates,
             "fanned_out": n_candidates - n_read,
             "valid": chains.count(),
             "already_present": present.count(),
-            "quarantined": rejected.count(),
+            "quarantined": sum(by_reason.values()),
+            "replacement_char": int(read["fffd"] or 0),
         }
         counts["inserted"] = tables.insert_new(spark, fresh, path, C.SCHEMA, [C.CHAIN_ID])
         tables.append_quarantine(spark, settings, rejected)
         counts["reconciled"] = int(
             counts["candidates"] == counts["inserted"] + counts["already_present"] + counts["quarantined"]
         )
-    return counts
+    return counts, by_reason
+
+
+def quarantine_limit_error(counts: Mapping[str, int], by_reason: Mapping[str, int], limit: float) -> str | None:
+    """Why the run must fail (quarantined / candidate chains reached `limit`, ingest.max_quarantined_share), else
+    None. Candidates are the chains the rows read gave (one per row, several where the mapping fans out).
+
+    A run that read no rows has no share and does not fail here. The message names the top reasons.
+    """
+    rows = counts.get("read", 0)
+    read, quarantined = counts.get("candidates", rows), counts.get("quarantined", 0)
+    if read <= 0 or quarantined / read < limit:
+        return None
+    top = sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+    reasons_text = ", ".join(f"{reason}={n}" for reason, n in top)
+    what = "rows read" if read == rows else f"chains from {rows} rows read"
+    return (
+        f"ingest quarantined {quarantined} of {read} {what} ({quarantined / read:.0%}), at or over "
+        f"ingest.max_quarantined_share={limit:g}; top reasons: {reasons_text}. The rows are in the quarantine "
+        "table (python -m jobs.receval.export --set export.table=quarantine); check ingest.mapping and the input."
+    )
+
+
+def check_limit(counts: Mapping[str, int], by_reason: Mapping[str, int], settings: Settings) -> None:
+    """Raise when the counts do not reconcile or the quarantined share reached ingest.max_quarantined_share
+    (called after every row was written: nothing is lost)."""
+    if not counts["reconciled"]:
+        raise RuntimeError(f"ingest counts do not reconcile: {counts}")
+    problem = quarantine_limit_error(counts, by_reason, settings.ingest.max_quarantined_share)
+    if problem:
+        log.error(f"[ingest] {problem}")
+        raise QuarantineLimitError(problem)
 
 
 def reasons(spark: SparkSession, settings: Settings, run_id: str | None = None) -> dict[str, int]:
@@ -616,22 +741,24 @@ def reasons(spark: SparkSession, settings: Settings, run_id: str | None = None) 
 def main(argv: list[str] | None = None) -> dict[str, int]:
     with job("ingest", __doc__, argv) as (spark, settings, tracked):
         before = tables.version(spark, settings.table("chains"))
-        counts = run(spark, settings, tracked.local_id)
+        counts, by_reason = run_with_reasons(spark, settings, tracked.local_id)
         after = tables.version(spark, settings.table("chains"))
         tracked.log_metrics({f"rows_{k}": v for k, v in counts.items()})
-        tracked.log_metrics({f"quarantined_{k}": v for k, v in reasons(spark, settings, tracked.local_id).items()})
+        tracked.log_metrics({f"quarantined_{k}": v for k, v in by_reason.items()})
         tracked.set_tags(
             {"input": settings.ingest.input, "chains_version_before": before, "chains_version_after": after}
         )
         log.info(
             f"[ingest] read={counts['read']} candidates={counts['candidates']} inserted={counts['inserted']} "
             f"already_present={counts['already_present']} quarantined={counts['quarantined']} "
-            f"-> {settings.table('chains')} (version {after})"
+            f"replacement_char={counts['replacement_char']} -> {settings.table('chains')} (version {after})"
         )
-        if not counts["reconciled"]:
-            raise RuntimeError(f"ingest counts do not reconcile: {counts}")
+        check_limit(counts, by_reason, settings)  # inside the run: it ends FAILED, with the counts above logged
     return counts
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except QuarantineLimitError as err:  # already logged, and the MLflow run ended FAILED: no traceback
+        raise SystemExit(f"error: {err}") from None

@@ -10,6 +10,7 @@ missing work and ends with the rows a clean run writes. One MLflow parent run, o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -268,58 +269,76 @@ def _table_state(
 
 
 # -- ingest with input-file bookkeeping ----------------------------------------------------------------
-def input_fingerprints(settings: Settings) -> list[tuple[str, int, int]]:
-    """(path, size, mtime_ns) of every input file; a Delta input table by its latest log entry, a datasets
-    folder by its files' total size and latest change. The OpenAI batch input file counts as an input too:
-    a new one changes the chains of the same output file."""
+def ingest_hash(settings: Settings) -> str:
+    """Hash of every ingest setting that shapes the rows read: the whole ingest section but `input` (so a setting
+    added to it later is covered too). Part of each input file's fingerprint: a fixed mapping reads a file again."""
+    keyed = settings.ingest.model_dump(mode="json", exclude={"input"})
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def input_fingerprints(settings: Settings) -> list[tuple[str, int, int, str]]:
+    """(path, size, mtime_ns, ingest_hash) of every input file; a Delta input table by its latest log entry, a
+    datasets folder by its files' total size and latest change. The OpenAI batch input file counts as an input
+    too: a new one changes the chains of the same output file."""
     from jobs.receval.ingest import ingest_files, input_files
 
     paths = ingest_files(settings.ingest)
     if settings.ingest.batch_input:
         paths += input_files(settings.ingest.batch_input)
     out = []
+    shaped = ingest_hash(settings)
     for path in paths:
         p = Path(path)
         if (p / "_delta_log").is_dir():
             logs = sorted((p / "_delta_log").glob("*.json"))
             last = logs[-1] if logs else p / "_delta_log"
-            out.append((str(p), int(last.stem) if logs else -1, last.stat().st_mtime_ns))
+            out.append((str(p), int(last.stem) if logs else -1, last.stat().st_mtime_ns, shaped))
         elif p.is_dir():
             stats = [f.stat() for f in p.rglob("*") if f.is_file()]
-            out.append((str(p), sum(st.st_size for st in stats), max((st.st_mtime_ns for st in stats), default=0)))
+            size, mtime = sum(st.st_size for st in stats), max((st.st_mtime_ns for st in stats), default=0)
+            out.append((str(p), size, mtime, shaped))
         else:
             st = p.stat()
-            out.append((str(p), st.st_size, st.st_mtime_ns))
+            out.append((str(p), st.st_size, st.st_mtime_ns, shaped))
     return out
 
 
-def _ingest(ctx: Context, report: StageReport) -> None:
+def seen_fingerprints(spark: SparkSession, path: str) -> set[tuple[str, int, int, str | None]]:
+    """The fingerprints in `input_files`; a table recorded before ingest_hash existed has none (null): its files
+    are read once more under the current settings (ingest is idempotent) and recorded with their hash."""
+    seen = tables.read(spark, path, P.INPUT_FILES_SCHEMA)
+    shaped = F.col(P.INGEST_HASH) if P.INGEST_HASH in seen.columns else F.lit(None).cast("string")
+    return {(r[0], r[1], r[2], r[3]) for r in seen.select(P.PATH, P.SIZE, P.MODIFIED_NS, shaped).collect()}
+
+
+def _ingest(ctx: Context, report: StageReport, tracked: JobRun | None = None) -> None:
     from jobs.receval import ingest
     files = input_fingerprints(ctx.settings)
     seen_path = ctx.table("input_files")
-    seen = {
-        (r[0], r[1], r[2])
-        for r in tables.read(ctx.spark, seen_path, P.INPUT_FILES_SCHEMA)
-        .select(P.PATH, P.SIZE, P.MODIFIED_NS)
-        .collect()
-    }
+    seen = seen_fingerprints(ctx.spark, seen_path)
     new = [f for f in files if f not in seen]
     report.counts["input_files"] = len(files)
     report.counts["new_input_files"] = len(new)
     if ctx.settings.pipeline.skip_unchanged_input and not new and tables.exists(ctx.spark, ctx.table("chains")):
         report.skipped = True
-        log.info(f"[pipeline] ingest: no new or changed input files in {ctx.settings.ingest.input}, skipped")
+        log.info(f"[pipeline] ingest: no new or changed input files in {ctx.settings.ingest.input} "
+                 "(under these ingest settings), skipped")
         return
     log.info(f"[pipeline] ingest: {len(new)} new or changed of {len(files)} input files")
-    counts = ingest.run(ctx.spark, ctx.settings, ctx.run_id)
-    if not counts.get("reconciled", 1):
-        raise RuntimeError(f"ingest counts do not reconcile: {counts}")
+    counts, by_reason = ingest.run_with_reasons(ctx.spark, ctx.settings, ctx.run_id)
     report.counts.update({f"rows_{k}": v for k, v in counts.items()})
     report.chains = counts.get("read", 0)
+    try:
+        # Fails the night (not recorded below, so a rerun reads the files again) past the quarantine limit.
+        ingest.check_limit(counts, by_reason, ctx.settings)
+    except ingest.QuarantineLimitError:
+        if tracked is not None:  # the stage's run ends FAILED with its counts and reasons
+            tracked.log_metrics({**report.counts, **{f"quarantined_{k}": v for k, v in by_reason.items()}})
+        raise
     # Recorded only after ingest committed: a run killed inside ingest reads the files again.
     rows = ctx.spark.createDataFrame(
-        [(path, size, mtime, ctx.run_id) for path, size, mtime in new],
-        "path string, size long, modified_ns long, run_id string",
+        [(path, size, mtime, ctx.run_id, shaped) for path, size, mtime, shaped in new],
+        "path string, size long, modified_ns long, run_id string, ingest_hash string",
     ).withColumn(P.SEEN_AT, F.current_timestamp())
     tables.insert_new(ctx.spark, rows, seen_path, P.INPUT_FILES_SCHEMA, P.INPUT_FILES_KEYS)
     log.info(
@@ -413,7 +432,8 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
         tracked.log_metrics({f"rescore_deleted.{k}": v for k, v in rescore(ctx).items()})
     plan: list[tuple[str, tuple[str, ...], tuple[str, ...], Callable[[StageReport, JobRun], None]]] = []
     if "ingest" in wanted:
-        plan.append(("ingest", ("input_files",), ("chains", "quarantine", "input_files"), lambda r, t: _ingest(ctx, r)))
+        plan.append(("ingest", ("input_files",), ("chains", "quarantine", "input_files"),
+                     lambda r, t: _ingest(ctx, r, t)))
     for stage in CHAIN_STAGES:
         if stage.name in wanted:
             plan.append(
@@ -643,8 +663,7 @@ def dry_run(spark: SparkSession, settings: Settings) -> str:
     handed_on = 0
     if "ingest" in wanted:
         files = input_fingerprints(settings)
-        seen = {tuple(r) for r in tables.read(spark, ctx.table("input_files"), P.INPUT_FILES_SCHEMA)
-                .select(P.PATH, P.SIZE, P.MODIFIED_NS).collect()}
+        seen = seen_fingerprints(spark, ctx.table("input_files"))
         new = [f for f in files if f not in seen]
         lines.append(f"ingest: reads {len(files)} input files ({len(new)} new or changed) matching {settings.ingest.input}")
         if settings.pipeline.skip_unchanged_input and not new and tables.exists(spark, ctx.table("chains")):
@@ -686,6 +705,10 @@ def _check_models(settings: Settings, transforms: Transforms | None) -> None:
 
 if __name__ == "__main__":
     from jobs.infra.config import with_built_models
+    from jobs.receval.ingest import QuarantineLimitError
 
     # `make run`: the small profile once `make models` built it, unless a profile was chosen.
-    main(with_built_models(sys.argv[1:]))
+    try:
+        main(with_built_models(sys.argv[1:]))
+    except QuarantineLimitError as err:  # already logged, and the MLflow run ended FAILED: no traceback
+        raise SystemExit(f"error: {err}") from None

@@ -43,7 +43,6 @@ GOOD = {"chain_id": "c1", "context": "Ann has 3 apples.", "steps": ["She buys 2.
         (json.dumps({"context": "X", "steps": ["a", None]}), "empty_step"),
         (json.dumps({"context": "X" * 201, "chain": "a"}), "oversized"),
         (json.dumps({"context": "X", "steps": ["a"] * 6}), "too_many_steps"),
-        (json.dumps({"context": "bad \ufffd bytes", "chain": "a"}), "undecodable_text"),
         (json.dumps({"context": "X", "chain": "a", "labels": {"HALL": "yes"}}), "invalid_label"),
         ('{"context": "X", "chain": "a", "labels": {"HALL": NaN}}', "invalid_label"),
         ('{"context": "X", "chain": "a", "labels": {"HALL": Infinity}}', "invalid_label"),
@@ -107,6 +106,7 @@ def test_run_ingests_good_rows_quarantines_bad_and_reconciles(spark, make_settin
         "already_present": 0,
         "quarantined": 4,
         "inserted": 3,
+        "replacement_char": 0,
         "reconciled": 1,
     }
     chains = tables.read(spark, settings.table("chains"))
