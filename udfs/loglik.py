@@ -508,7 +508,7 @@ class Scorer:
 
 # --- Spark -------------------------------------------------------------------------------------------------
 
-ScoreFn = Callable[[Sequence[str], Sequence[str]], Sequence[TargetScore]]
+TargetScoreFn = Callable[[Sequence[str], Sequence[str]], Sequence[TargetScore]]
 
 UDF_FIELDS = "sum_logprob double, n_tokens int, mean_logprob double, truncated boolean, error string"
 
@@ -526,10 +526,10 @@ def model_scorer_factory(
     sort: bool = True,
     share_prefix: bool = False,
     max_tokens: int | None = None,
-) -> Callable[[], ScoreFn]:
+) -> Callable[[], TargetScoreFn]:
     """A picklable factory that, on the executor, loads the model once per worker and returns a Scorer."""
 
-    def factory() -> ScoreFn:
+    def factory() -> TargetScoreFn:
         from udfs import runtime
 
         model, tok, dev = runtime.task_model(path, family, device, dtype, revision, torch_threads, trust_remote_code)
@@ -541,7 +541,7 @@ def model_scorer_factory(
     return factory
 
 
-def score_frame(score_fn: ScoreFn, sources: Sequence[str], targets: Sequence[str], on_error: str) -> list[dict]:
+def score_frame(score_fn: TargetScoreFn, sources: Sequence[str], targets: Sequence[str], on_error: str) -> list[dict]:
     """Score a chunk; in quarantine mode a failing chunk is retried row by row and failures carry `error`."""
 
     def row(s: TargetScore) -> dict:
@@ -567,7 +567,7 @@ def score_frame(score_fn: ScoreFn, sources: Sequence[str], targets: Sequence[str
         return out
 
 
-def loglik_udf(factory: Callable[[], ScoreFn], on_error: str = "fail"):
+def loglik_udf(factory: Callable[[], TargetScoreFn], on_error: str = "fail"):
     """Iterator pandas UDF (source, target) -> struct; `factory` runs once per worker (cached by load_model).
 
     Build it once and reuse it. `factory` may be `model_scorer_factory(...)` or, in tests, any picklable

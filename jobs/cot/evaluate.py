@@ -414,7 +414,7 @@ def _upsert_null_safe(spark: SparkSession, df: DataFrame, path: str, schema: Str
         columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
         spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
         table = tables.ensure(spark, path, schema)
-    condition = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
+    condition = tables.merge_condition(keys, null_safe=keys)
     (
         table.alias("t")
         .merge(tables.conform(df, schema).alias("s"), condition)
