@@ -88,11 +88,22 @@ def test_progress_shows_finished_tasks_of_a_batch_before_its_counted_frame_finis
         during = {tasks for _, tasks in seen}
         final_tasks = progress.tasks_finished
         progress.commit(3)
-    # The model stage's 6 tasks end one by one: at least three distinct counts inside the one batch ...
-    assert len({t for t in during if t is not None and 0 < t < 6}) >= 3
-    assert final_tasks is not None and final_tasks >= 7  # 6 model tasks and the counted task, at least
+    # The batch's tasks: range's 2, the 6 model tasks (two at a time), the counted one after the shuffle.
+    assert final_tasks is not None and final_tasks >= 2 + 6 + 1
+    # The model tasks end pair by pair: at least three distinct counts inside the one batch, before its end ...
+    assert len({t for t in during if t is not None and 0 < t < final_tasks}) >= 3
     # ... while the unit count still stood at 0 for most of the batch (it moves when the counted frame's task ends).
     assert sum(1 for done, _ in seen if done == 0) > len(seen) // 2
     assert progress.tasks_finished is None  # committed: between batches again
     running = [r.getMessage() for r in caplog.records][1:-1]
     assert any("/3 keys (" in line and "; this batch: " in line and " Spark tasks finished" in line for line in running)
+
+
+def test_progress_bar_shows_the_batch_task_count(spark):
+    with Progress("unit", total=2, unit="rows", spark=spark, bar=True) as progress:
+        progress.expect(2)
+        assert counted(spark.range(2).repartition(2)).count() == 2
+        time.sleep(1.3)  # the bar refreshes every second
+        shown = progress._bar.tasks[0].fields["batch"]
+        progress.commit(2)
+    assert shown.endswith(" tasks") and int(shown.split()[0]) >= 2

@@ -80,8 +80,8 @@ class Progress:
             from rich.progress import Progress as Bar
 
             self._bar = Bar(TextColumn(f"{name}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
-                            TimeElapsedColumn(), TimeRemainingColumn())
-            self._task = self._bar.add_task(name, total=total)
+                            TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[batch]}"))
+            self._task = self._bar.add_task(name, total=total, batch="")
 
     # -- what the work reports ----------------------------------------------------------------------
     def expect(self, units: int, rows: int | None = None) -> None:
@@ -143,7 +143,8 @@ class Progress:
         tick = 1.0 if self._bar is not None else min(self.every, 5.0)
         while not self._stop.wait(tick):
             if self._bar is not None:
-                self._bar.update(self._task, completed=self.done)
+                tasks = self.tasks_finished
+                self._bar.update(self._task, completed=self.done, batch="" if tasks is None else f"{tasks} tasks")
             elif time.time() - last >= self.every:
                 self.logger.info(self.line())
                 last = time.time()
