@@ -78,7 +78,8 @@ def build_udfs(settings: Settings) -> CotUdfs:
     length = cfg.max_length
     dtype = rt.dtype if cfg.dtype == "auto" else cfg.dtype
     common = dict(path=ref.path, family=ref.family, device=rt.device, dtype=dtype, revision=ref.revision,
-                  trust_remote_code=rt.trust_remote_code, torch_threads=rt.torch_threads)  # fmt: skip
+                  trust_remote_code=rt.trust_remote_code, torch_threads=rt.torch_threads,
+                  cache_size=rt.model_cache_size)  # fmt: skip
     gens = generator_options(cfg)
 
     def gen(name: str) -> Callable[..., Column]:

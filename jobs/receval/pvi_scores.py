@@ -204,6 +204,7 @@ def _factories(settings: Settings, scorer: Scorer | None) -> dict[str, Callable[
         role: loglik.model_scorer_factory(
             ref.path, families[role], rt.device, rt.dtype, ref.revision, batch_size, max_length,
             rt.torch_threads, rt.trust_remote_code, rt.sort_by_length, rt.share_prefix, rt.max_batch_tokens,
+            rt.model_cache_size,
         )
         for role, ref in refs.items()
     }
