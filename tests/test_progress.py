@@ -59,3 +59,51 @@ def test_heartbeat_reports_spark_tasks_while_a_job_runs(spark, caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert lines and all(line.startswith("[job] running for 0m0") for line in lines)
     assert any("tasks" in line and "stage" in line for line in lines)
+
+
+def test_progress_shows_finished_tasks_of_a_batch_before_its_counted_frame_finishes(spark, caplog):
+    # The scores stage's shape: the model work runs in a stage of several partitions, and the frame `counted`
+    # sits after a shuffle, so its rows arrive only when all the model partitions are done.
+    from pyspark.sql import functions as F
+
+    logger = logging.getLogger("test.progress.tasks")
+    caplog.set_level(logging.INFO, logger="test.progress.tasks")
+    work = _slow(spark.range(60).repartition(6), 0.6)  # 6 model partitions, 2 at a time on local[2]
+    after_shuffle = work.groupBy((F.col("id") % 3).alias("k")).count().coalesce(1)
+    seen: list[tuple[float, int | None]] = []
+    with Progress("unit", total=3, unit="keys", every=0.5, spark=spark, logger=logger) as progress:
+        assert progress.tasks_finished is None  # no batch running
+        progress.expect(3)
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.05):
+                seen.append((progress.done, progress.tasks_finished))
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        assert counted(after_shuffle).count() == 3
+        stop.set()
+        sampler.join()
+        during = {tasks for _, tasks in seen}
+        final_tasks = progress.tasks_finished
+        progress.commit(3)
+    # The batch's tasks: range's 2, the 6 model tasks (two at a time), the counted one after the shuffle.
+    assert final_tasks is not None and final_tasks >= 2 + 6 + 1
+    # The model tasks end pair by pair: at least three distinct counts inside the one batch, before its end ...
+    assert len({t for t in during if t is not None and 0 < t < final_tasks}) >= 3
+    # ... while the unit count still stood at 0 for most of the batch (it moves when the counted frame's task ends).
+    assert sum(1 for done, _ in seen if done == 0) > len(seen) // 2
+    assert progress.tasks_finished is None  # committed: between batches again
+    running = [r.getMessage() for r in caplog.records][1:-1]
+    assert any("/3 keys (" in line and "; this batch: " in line and " Spark tasks finished" in line for line in running)
+
+
+def test_progress_bar_shows_the_batch_task_count(spark):
+    with Progress("unit", total=2, unit="rows", spark=spark, bar=True) as progress:
+        progress.expect(2)
+        assert counted(spark.range(2).repartition(2)).count() == 2
+        time.sleep(1.3)  # the bar refreshes every second
+        shown = progress._bar.tasks[0].fields["batch"]
+        progress.commit(2)
+    assert shown.endswith(" tasks") and int(shown.split()[0]) >= 2

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 
 from udfs.loglik import pad_id
+from udfs.model_udf import model_udf, narrowed
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ def model_generator_factory(
     revision: str | None = None,
     trust_remote_code: bool = False,
     torch_threads: int | None = None,
+    cache_size: int | None = None,
     **options: Any,
 ) -> Callable[[], GenerateFn]:
     """Picklable factory: on the executor, load the model once per worker; `options` go to `generate`."""
@@ -174,7 +176,9 @@ def model_generator_factory(
     def factory() -> GenerateFn:
         from udfs import runtime
 
-        model, tok, dev = runtime.task_model(path, family, device, dtype, revision, torch_threads, trust_remote_code)
+        model, tok, dev = runtime.task_model(
+            path, family, device, dtype, revision, torch_threads, trust_remote_code, cache_size
+        )
 
         def run(prompts: Sequence[str]) -> list[Generation]:
             return generate(model, tok, family, prompts, device=dev, **options)
@@ -185,33 +189,16 @@ def model_generator_factory(
 
 
 def generate_frame(fn: GenerateFn, prompts: Sequence[str], on_error: str) -> pd.DataFrame:
-    def rows(gens: list[Generation]) -> list[dict]:
-        return [{"text": g.text, "n_tokens": g.n_tokens, "truncated": g.truncated, "error": None} for g in gens]
-
-    try:
-        out = rows(fn(prompts))
-    except Exception:
-        if on_error == "fail":
-            raise
-        out = []
-        for p in prompts:  # retry alone: only the failing prompt goes to quarantine
-            try:
-                out += rows(fn([p]))
-            except Exception as err:
-                out.append({"text": None, "n_tokens": None, "truncated": None,
-                            "error": f"{type(err).__name__}: {err}"[:2000]})  # fmt: skip
+    """One generation per prompt under the model-UDF error policy (udfs.model_udf); failed prompts carry `error`."""
+    gens, errors = narrowed(lambda idx: fn([prompts[i] for i in idx]), len(prompts), on_error, "generation",
+                            lambda i: prompts[i], "prompts")  # fmt: skip
+    out = [{"text": g.text, "n_tokens": g.n_tokens, "truncated": g.truncated, "error": None} if g is not None
+           else {"text": None, "n_tokens": None, "truncated": None, "error": e}
+           for g, e in zip(gens, errors, strict=True)]  # fmt: skip
     frame = pd.DataFrame(out, columns=["text", "n_tokens", "truncated", "error"])
     return frame.astype({"n_tokens": "Int32", "truncated": "boolean"})
 
 
 def generate_udf(factory: Callable[[], GenerateFn], on_error: str = "fail"):
     """Iterator pandas UDF prompt -> struct(text, n_tokens, truncated, error); build once and reuse."""
-    from pyspark.sql.functions import pandas_udf
-
-    @pandas_udf(UDF_FIELDS)
-    def generated(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
-        fn = factory()
-        for prompts in batches:
-            yield generate_frame(fn, prompts.fillna("").tolist(), on_error)
-
-    return generated
+    return model_udf("generated", UDF_FIELDS, factory, lambda fn, prompts: generate_frame(fn, prompts, on_error), 1)

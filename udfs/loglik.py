@@ -44,13 +44,14 @@ API
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Tuple  # noqa: UP035 (pandas_udf type hints need typing.Tuple)
+from typing import Any, Literal
 
 import pandas as pd
 import torch
 
+from udfs.model_udf import model_udf, narrowed
 from udfs.runtime import length_batches
 
 Family = Literal["causal", "seq2seq"]
@@ -508,7 +509,7 @@ class Scorer:
 
 # --- Spark -------------------------------------------------------------------------------------------------
 
-ScoreFn = Callable[[Sequence[str], Sequence[str]], Sequence[TargetScore]]
+TargetScoreFn = Callable[[Sequence[str], Sequence[str]], Sequence[TargetScore]]
 
 UDF_FIELDS = "sum_logprob double, n_tokens int, mean_logprob double, truncated boolean, error string"
 
@@ -526,13 +527,16 @@ def model_scorer_factory(
     sort: bool = True,
     share_prefix: bool = False,
     max_tokens: int | None = None,
-) -> Callable[[], ScoreFn]:
+    cache_size: int | None = None,
+) -> Callable[[], TargetScoreFn]:
     """A picklable factory that, on the executor, loads the model once per worker and returns a Scorer."""
 
-    def factory() -> ScoreFn:
+    def factory() -> TargetScoreFn:
         from udfs import runtime
 
-        model, tok, dev = runtime.task_model(path, family, device, dtype, revision, torch_threads, trust_remote_code)
+        model, tok, dev = runtime.task_model(
+            path, family, device, dtype, revision, torch_threads, trust_remote_code, cache_size
+        )
         # Causal LMs are left-padded: every row's target then ends at the last column and the LM head runs
         # only over the last (longest target) columns.
         side = "left" if family == "causal" else "right"
@@ -541,46 +545,34 @@ def model_scorer_factory(
     return factory
 
 
-def score_frame(score_fn: ScoreFn, sources: Sequence[str], targets: Sequence[str], on_error: str) -> list[dict]:
-    """Score a chunk; in quarantine mode a failing chunk is retried row by row and failures carry `error`."""
+def score_frame(score_fn: TargetScoreFn, sources: Sequence[str], targets: Sequence[str], on_error: str) -> list[dict]:
+    """Score a chunk under the model-UDF error policy (udfs.model_udf); failed rows carry `error`."""
 
-    def row(s: TargetScore) -> dict:
+    def call(idx: list[int]) -> Sequence[TargetScore]:
+        return score_fn([sources[i] for i in idx], [targets[i] for i in idx])
+
+    scores, errors = narrowed(call, len(sources), on_error, "log-likelihood scoring", lambda i: sources[i])
+
+    def row(s: TargetScore | None, error: str | None) -> dict:
+        if s is None:
+            return {"sum_logprob": None, "n_tokens": None, "mean_logprob": None, "truncated": None, "error": error}
         mean = None if math.isnan(s.mean_logprob) else s.mean_logprob
         return {"sum_logprob": s.sum_logprob, "n_tokens": s.n_tokens, "mean_logprob": mean,
                 "truncated": s.truncated, "error": None}
 
-    def failed(err: Exception) -> dict:
-        return {"sum_logprob": None, "n_tokens": None, "mean_logprob": None, "truncated": None,
-                "error": f"{type(err).__name__}: {err}"[:2000]}
-
-    if on_error == "fail":
-        return [row(s) for s in score_fn(sources, targets)]
-    try:
-        return [row(s) for s in score_fn(sources, targets)]
-    except Exception:
-        out = []
-        for s, t in zip(sources, targets, strict=True):
-            try:
-                out.append(row(score_fn([s], [t])[0]))
-            except Exception as err:  # the row goes to quarantine, the job goes on
-                out.append(failed(err))
-        return out
+    return [row(s, e) for s, e in zip(scores, errors, strict=True)]
 
 
-def loglik_udf(factory: Callable[[], ScoreFn], on_error: str = "fail"):
-    """Iterator pandas UDF (source, target) -> struct; `factory` runs once per worker (cached by load_model).
+def loglik_udf(factory: Callable[[], TargetScoreFn], on_error: str = "fail"):
+    """Iterator pandas UDF (source, target) -> struct; `factory` runs once per task (weights cached per worker).
 
     Build it once and reuse it. `factory` may be `model_scorer_factory(...)` or, in tests, any picklable
     callable returning a scoring function.
     """
-    from pyspark.sql.functions import pandas_udf
 
-    @pandas_udf(UDF_FIELDS)
-    def loglik(batches: Iterator[Tuple[pd.Series, pd.Series]]) -> Iterator[pd.DataFrame]:  # noqa: UP006
-        score_fn = factory()
-        for sources, targets in batches:
-            rows = score_frame(score_fn, sources.fillna("").tolist(), targets.fillna("").tolist(), on_error)
-            frame = pd.DataFrame(rows, columns=["sum_logprob", "n_tokens", "mean_logprob", "truncated", "error"])
-            yield frame.astype({"n_tokens": "Int32", "truncated": "boolean"})
+    def frame(score_fn: TargetScoreFn, sources: list[str], targets: list[str]) -> pd.DataFrame:
+        rows = score_frame(score_fn, sources, targets, on_error)
+        out = pd.DataFrame(rows, columns=["sum_logprob", "n_tokens", "mean_logprob", "truncated", "error"])
+        return out.astype({"n_tokens": "Int32", "truncated": "boolean"})
 
-    return loglik
+    return model_udf("loglik", UDF_FIELDS, factory, frame, 2)

@@ -7,13 +7,14 @@ that loads the model once per Python worker (udfs.runtime.load_model) on the tas
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from udfs.model_udf import model_udf, narrowed
 from udfs.runtime import length_batches
 
 ENTAIL = "entail"
@@ -166,43 +167,29 @@ def as_output(result: NliOutput | np.ndarray, n: int) -> NliOutput:
     return out
 
 
-def score_frame(
-    predict: PredictFn, premises: list[str], hypotheses: list[str], fail_fast: bool
-) -> pd.DataFrame:
-    """Score pairs; with fail_fast off, a pair whose scoring raises gets an error text, the rest a score.
+def score_frame(predict: PredictFn, premises: list[str], hypotheses: list[str], on_error: str) -> pd.DataFrame:
+    """Score pairs under the model-UDF error policy (udfs.model_udf: on_error, halving, one error cut).
 
-    A failing batch is split in halves until the failing pairs are alone, so one poisoned pair costs
-    O(log n) extra calls and never the whole batch (a CUDA out-of-memory shrinks the batch the same way).
+    With on_error="quarantine" a pair whose scoring raises, or whose probabilities are not finite, gets an
+    error text and the rest a score; "fail" raises RuntimeError naming the pair.
     """
     n = len(premises)
+
+    def call(idx: list[int]) -> list[tuple[np.ndarray, bool]]:
+        out = as_output(predict([premises[i] for i in idx], [hypotheses[i] for i in idx]), len(idx))
+        return list(zip(out.probs, out.truncated, strict=True))
+
+    results, errors = narrowed(call, n, on_error, "NLI scoring", lambda i: premises[i], unit="pairs")
     probs = np.full((n, 3), np.nan)
     truncated = np.zeros(n, dtype=bool)
-    errors: list[str | None] = [None] * n
-
-    def run(idx: np.ndarray) -> None:
-        try:
-            out = as_output(predict([premises[i] for i in idx], [hypotheses[i] for i in idx]), len(idx))
-        except Exception as err:
-            if fail_fast:
-                first = premises[idx[0]][:200] if len(idx) == 1 else f"{len(idx)} pairs"
-                raise RuntimeError(f"NLI scoring failed ({first!r}): {type(err).__name__}: {err}") from err
-            if len(idx) == 1:
-                errors[idx[0]] = f"{type(err).__name__}: {err}"[:1000]
-                return
-            half = len(idx) // 2
-            run(idx[:half])
-            run(idx[half:])
-            return
-        probs[idx] = out.probs
-        truncated[idx] = out.truncated
-        for j, i in enumerate(idx):
-            if not all(math.isfinite(p) for p in out.probs[j]):
-                if fail_fast:
-                    raise RuntimeError(f"NLI model gave non-finite probabilities for premise {premises[i][:200]!r}")
-                errors[i] = "non-finite probabilities"
-
-    if n:
-        run(np.arange(n))
+    for i, result in enumerate(results):
+        if result is None:
+            continue
+        probs[i], truncated[i] = result
+        if not all(math.isfinite(p) for p in probs[i]):
+            if on_error == "fail":
+                raise RuntimeError(f"NLI model gave non-finite probabilities for premise {premises[i][:200]!r}")
+            errors[i] = "non-finite probabilities"
     bad = [e is not None for e in errors]
 
     def column(k: int) -> pd.Series:
@@ -230,13 +217,16 @@ def model_predictor(
     threads: int | None = None,
     trust_remote_code: bool = False,
     sort: bool = True,
+    cache_size: int | None = None,
 ) -> PredictFactory:
     """Factory run inside the worker: the task's device, the cached model, a predict function."""
 
     def factory() -> PredictFn:
         from udfs import runtime
 
-        model, tokenizer, _ = runtime.task_model(path, "nli", device, dtype, revision, threads, trust_remote_code)
+        model, tokenizer, _ = runtime.task_model(
+            path, "nli", device, dtype, revision, threads, trust_remote_code, cache_size
+        )
         indices = label_indices(model.config.label2id)
 
         def predict(premises: list[str], hypotheses: list[str]) -> NliOutput:
@@ -261,28 +251,23 @@ def udf_return_type():
     )
 
 
-def nli_udf(factory: PredictFactory, fail_fast: bool, sent: Any = None, cut: Any = None):
+def nli_udf(factory: PredictFactory, on_error: str, sent: Any = None, cut: Any = None):
     """Iterator pandas UDF (premise, hypothesis) -> struct of the three probabilities, truncated, error.
 
     Chosen over predict_batch_udf so one poisoned pair can be isolated and returned as an error, and so
     length-sorting spans the whole Arrow batch. `sent` / `cut` are optional Spark accumulators counting
     the pairs given to the model and the truncated ones.
     """
-    from pyspark.sql import functions as F
 
-    def score(batches: Iterator[tuple[pd.Series, pd.Series]]) -> Iterator[pd.DataFrame]:
-        predict = None
-        for premises, hypotheses in batches:
-            if predict is None:  # a model that cannot load is a job failure, not a row error
-                predict = factory()
-            frame = score_frame(predict, premises.tolist(), hypotheses.tolist(), fail_fast)
-            if sent is not None:
-                sent.add(len(frame))
-            if cut is not None:
-                cut.add(int(frame[TRUNCATED].sum()))
-            yield frame
+    def frame(predict: PredictFn, premises: list[str], hypotheses: list[str]) -> pd.DataFrame:
+        out = score_frame(predict, premises, hypotheses, on_error)
+        if sent is not None:
+            sent.add(len(out))
+        if cut is not None:
+            cut.add(int(out[TRUNCATED].sum()))
+        return out
 
-    return F.pandas_udf(score, udf_return_type())
+    return model_udf("score", udf_return_type(), factory, frame, 2, nulls_as_empty=False)
 
 
 # --- training maths (jobs.receval.train_nli) ------------------------------------------------------------------

@@ -24,9 +24,9 @@ rows of one example together.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Tuple  # noqa: UP035 (pandas_udf type hints need typing.Tuple)
+from typing import Any
 
 import pandas as pd
 import torch
@@ -43,6 +43,7 @@ from udfs.loglik import (
     token_logprobs,
 )
 from udfs.loglik import score as loglik_score
+from udfs.model_udf import model_udf, narrowed
 from udfs.runtime import length_batches
 
 
@@ -325,13 +326,16 @@ def model_options_factory(
     max_tokens: int | None = None,
     eos: bool = False,
     move_space: bool = False,
+    cache_size: int | None = None,
 ) -> Callable[[], OptionScoreFn]:
     """Picklable factory: on the executor, load the model once per worker and return an option scorer."""
 
     def factory() -> OptionScoreFn:
         from udfs import runtime
 
-        model, tok, dev = runtime.task_model(path, family, device, dtype, revision, torch_threads, trust_remote_code)
+        model, tok, dev = runtime.task_model(
+            path, family, device, dtype, revision, torch_threads, trust_remote_code, cache_size
+        )
         if not share_prompt and (eos or move_space):
             raise ValueError("share_prompt=false scores through udfs.loglik, which has no eos/move_space switch")
 
@@ -363,34 +367,27 @@ def group_rows(prompts: Sequence[str], prefixes: Sequence[str]) -> list[tuple[in
 def score_rows(
     scorer: OptionScoreFn, prompts: Sequence[str], prefixes: Sequence[str], options: Sequence[str], on_error: str
 ) -> pd.DataFrame:
-    """One output row per input (prompt, prefix, option) row; consecutive rows of one example share the prompt."""
+    """One output row per input (prompt, prefix, option) row; consecutive rows of one example share the prompt.
+
+    The unit of the model-UDF error policy (udfs.model_udf) is the example: a failing one flags all its rows.
+    """
     runs = group_rows(prompts, prefixes)
 
-    def frame(scored: list[list[OptionScore]], chosen: list[tuple[int, int]]) -> list[dict]:
-        rows = []
-        for _run, scores in zip(chosen, scored, strict=True):
-            rows += [{"sum_logprob": s.sum_logprob, "n_tokens": s.n_tokens, "n_bytes": s.n_bytes,
-                      "truncated": s.truncated, "error": None} for s in scores]  # fmt: skip
-        return rows
-
-    def call(chosen: list[tuple[int, int]]) -> list[list[OptionScore]]:
+    def call(chosen: list[int]) -> list[list[OptionScore]]:
+        picked = [runs[r] for r in chosen]
         return scorer(
-            [prompts[s] for s, _ in chosen], [list(options[s:e]) for s, e in chosen], [prefixes[s] for s, _ in chosen]
+            [prompts[s] for s, _ in picked], [list(options[s:e]) for s, e in picked], [prefixes[s] for s, _ in picked]
         )
 
-    try:
-        rows = frame(call(runs), runs)
-    except Exception:
-        if on_error == "fail":
-            raise
-        rows = []
-        for run in runs:  # one bad example must not fail its neighbours
-            try:
-                rows += frame(call([run]), [run])
-            except Exception as err:
-                msg = f"{type(err).__name__}: {err}"[:2000]
-                rows += [{"sum_logprob": None, "n_tokens": None, "n_bytes": None, "truncated": None, "error": msg}
-                         for _ in range(run[1] - run[0])]  # fmt: skip
+    scored, errors = narrowed(call, len(runs), on_error, "option scoring", lambda r: prompts[runs[r][0]], "examples")
+    rows: list[dict] = []
+    for (start, end), scores, error in zip(runs, scored, errors, strict=True):
+        if scores is None:
+            rows += [{"sum_logprob": None, "n_tokens": None, "n_bytes": None, "truncated": None, "error": error}
+                     for _ in range(end - start)]  # fmt: skip
+        else:
+            rows += [{"sum_logprob": s.sum_logprob, "n_tokens": s.n_tokens, "n_bytes": s.n_bytes,
+                      "truncated": s.truncated, "error": None} for s in scores]  # fmt: skip
     out = pd.DataFrame(rows, columns=_COLUMNS)
     return out.astype({"n_tokens": "Int32", "n_bytes": "Int32", "truncated": "boolean"})
 
@@ -401,14 +398,8 @@ def options_udf(factory: Callable[[], OptionScoreFn], on_error: str = "fail"):
     Rows must arrive sorted so that an example's options are consecutive (the job sorts within partitions);
     an example split across two Arrow batches is still scored correctly, its prompt just runs twice.
     """
-    from pyspark.sql.functions import pandas_udf
 
-    @pandas_udf(UDF_FIELDS)
-    def option_scores(batches: Iterator[Tuple[pd.Series, pd.Series, pd.Series]]) -> Iterator[pd.DataFrame]:  # noqa: UP006
-        scorer = factory()
-        for prompts, prefixes, options in batches:
-            yield score_rows(
-                scorer, prompts.fillna("").tolist(), prefixes.fillna("").tolist(), options.fillna("").tolist(), on_error
-            )
+    def frame(scorer: OptionScoreFn, prompts: list[str], prefixes: list[str], options: list[str]) -> pd.DataFrame:
+        return score_rows(scorer, prompts, prefixes, options, on_error)
 
-    return option_scores
+    return model_udf("option_scores", UDF_FIELDS, factory, frame, 3)

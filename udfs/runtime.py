@@ -1,19 +1,33 @@
 """Model loading shared by the model-backed UDFs: device, dtype, safe loading and the per-worker cache.
 
+The cache keeps the `runtime.model_cache_size` models used last (least recently used evicted first, as
+pyspark's ml/model_cache.py): a Python worker that serves many stages keeps a bounded set of weights, not every
+model it ever loaded. Evicting drops the cache's reference, collects garbage and, on a GPU, returns the freed
+blocks to the driver (torch.cuda.empty_cache); a caller that still holds the model keeps it until it lets go.
+
+The default is 5, not pyspark's 3: a reused worker takes the tasks of every stage of a night in turn, and a
+night's batch cycles through up to five models (SRL steps, NLI, pvi_g, pvi_null, info_gain). An LRU smaller
+than such a cycle misses on every use, so with 3 each task would load its model again.
+
 No Spark reads or writes here; `task_device` only asks Spark's TaskContext which GPU the task got.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
+import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-_CACHE: dict[tuple[Any, ...], Any] = {}
-_LOCK = threading.Lock()
+DEFAULT_CACHE_SIZE = 5  # runtime.model_cache_size (see above)
+_CACHE: OrderedDict[tuple[Any, ...], Any] = OrderedDict()  # least recently used first
+_cache_size = DEFAULT_CACHE_SIZE
+_LOCK = threading.RLock()
 # On cluster executors this module is imported from the shipped zip; scripts/submit.sh names the checkout
 # (executors share its install) so relative model folders resolve there as on the driver.
 PROJECT_ROOT = Path(os.environ.get("RECEVAL_PROJECT_ROOT") or Path(__file__).resolve().parent.parent)
@@ -120,6 +134,56 @@ def quiet() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def _free(evicted: list[Any]) -> None:
+    """Let evicted models go: the last references dropped, garbage collected, cached GPU blocks released."""
+    evicted.clear()
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _evict_to(size: int) -> None:
+    """Drop least recently used models until at most `size` stay (caller holds _LOCK)."""
+    evicted = []
+    while len(_CACHE) > size:
+        evicted.append(_CACHE.popitem(last=False)[1])
+    if evicted:
+        _free(evicted)
+
+
+def set_cache_size(size: int) -> None:
+    """How many models this worker keeps (runtime.model_cache_size); shrinking evicts at once."""
+    global _cache_size
+    if size < 1:
+        raise ValueError(f"model cache size must be at least 1, not {size}")
+    with _LOCK:
+        _cache_size = size
+        _evict_to(size)
+
+
+def cached_keys() -> list[tuple[Any, ...]]:
+    """The cached models' keys, least recently used first."""
+    with _LOCK:
+        return list(_CACHE)
+
+
+def cached(key: tuple[Any, ...], load: Any) -> Any:
+    """`load()`'s value under `key`, kept in the bounded LRU cache; a hit makes it the most recently used.
+
+    A miss evicts first (down to one below the size), so the new model never shares memory with one that
+    is on its way out.
+    """
+    with _LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+        _evict_to(_cache_size - 1)
+        value = load()
+        _CACHE[key] = value
+        return value
+
+
 def load_model(
     path: str,
     family: str,
@@ -128,31 +192,33 @@ def load_model(
     revision: str | None = None,
     trust_remote_code: bool = False,
 ) -> tuple[Any, Any]:
-    """(model, tokenizer), loaded once per Python worker and kept; safetensors only."""
+    """(model, tokenizer), loaded once per Python worker and kept (bounded LRU); safetensors only."""
     # trust_remote_code is in the key: a model cached with remote code must not serve a caller without it.
     key = (path, family, device, dtype, revision, trust_remote_code)
-    with _LOCK:
-        if key in _CACHE:
-            return _CACHE[key]
-        quiet()
-        import transformers as tf
+    return cached(key, lambda: _load(path, family, device, dtype, revision, trust_remote_code))
 
-        resolved = resolve_model_path(path)
-        auto = {
-            "causal": tf.AutoModelForCausalLM,
-            "seq2seq": tf.AutoModelForSeq2SeqLM,
-            "nli": tf.AutoModelForSequenceClassification,
-            "srl": tf.AutoModelForTokenClassification,
-            "embedding": tf.AutoModel,
-        }[family]
-        kwargs: dict[str, Any] = {"use_safetensors": True, "trust_remote_code": trust_remote_code}
-        if revision:
-            kwargs["revision"] = revision
-        model = auto.from_pretrained(resolved, dtype=torch_dtype(dtype, device), **kwargs)
-        model.to(device).eval()
-        tokenizer = tf.AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
-        _CACHE[key] = (model, tokenizer)
-        return model, tokenizer
+
+def _load(
+    path: str, family: str, device: str, dtype: str, revision: str | None, trust_remote_code: bool
+) -> tuple[Any, Any]:
+    quiet()
+    import transformers as tf
+
+    resolved = resolve_model_path(path)
+    auto = {
+        "causal": tf.AutoModelForCausalLM,
+        "seq2seq": tf.AutoModelForSeq2SeqLM,
+        "nli": tf.AutoModelForSequenceClassification,
+        "srl": tf.AutoModelForTokenClassification,
+        "embedding": tf.AutoModel,
+    }[family]
+    kwargs: dict[str, Any] = {"use_safetensors": True, "trust_remote_code": trust_remote_code}
+    if revision:
+        kwargs["revision"] = revision
+    model = auto.from_pretrained(resolved, dtype=torch_dtype(dtype, device), **kwargs)
+    model.to(device).eval()
+    tokenizer = tf.AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
+    return model, tokenizer
 
 
 def length_batches(
@@ -199,12 +265,16 @@ def task_model(
     revision: str | None = None,
     threads: int | None = None,
     trust_remote_code: bool = False,
+    cache_size: int | None = None,
 ) -> tuple[Any, Any, str]:
     """(model, tokenizer, device) for a UDF's worker side: quiet logs, the task's device, cached weights.
 
     torch gets `threads`, else the task's cores: more threads than that oversubscribe the executor.
+    `cache_size` (runtime.model_cache_size, carried by the factory) sets how many models the worker keeps.
     """
     quiet()
+    if cache_size is not None:
+        set_cache_size(cache_size)
     set_threads(threads or task_cpus())
     chosen = task_device(device)
     model, tokenizer = load_model(path, family, chosen, dtype, revision, trust_remote_code)
@@ -213,4 +283,4 @@ def task_model(
 
 def clear_cache() -> None:
     with _LOCK:
-        _CACHE.clear()
+        _evict_to(0)

@@ -10,7 +10,7 @@ Plain torch/transformers on top of `udfs.generate`; the Spark UDF is at the end.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ import pandas as pd
 
 from udfs.cot_text import extract_answer, parse_number
 from udfs.generate import Generation, generate
+from udfs.model_udf import model_udf, narrowed
 
 
 @dataclass(frozen=True)
@@ -84,28 +85,24 @@ def rows_of(drawn: Drawn, indicators: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def draw_frame(fn: DrawFn, prompts: Sequence[str], indicators: Sequence[str], on_error: str) -> pd.DataFrame:
-    try:
-        out = [{"chains": rows_of(d, indicators), "error": None} for d in fn(prompts)]
-    except Exception:
-        if on_error == "fail":
-            raise
-        out = []
-        for p in prompts:  # one prompt at a time: only the failing question goes to quarantine
-            try:
-                out += [{"chains": rows_of(d, indicators), "error": None} for d in fn([p])]
-            except Exception as err:
-                out.append({"chains": None, "error": f"{type(err).__name__}: {err}"[:2000]})
+    """A question's chains per prompt under the model-UDF error policy (udfs.model_udf)."""
+    def call(idx: list[int]) -> list[list[dict[str, Any]]]:
+        return [rows_of(d, indicators) for d in fn([prompts[i] for i in idx])]  # a bad answer parse narrows too
+
+    chains, errors = narrowed(call, len(prompts), on_error, "chain sampling", lambda i: prompts[i], "prompts")
+    out = [{"chains": c, "error": e} for c, e in zip(chains, errors, strict=True)]
     return pd.DataFrame(out, columns=["chains", "error"])
 
 
 def model_draw_factory(path: str, family: str, device: str = "auto", dtype: str = "auto", revision: str | None = None,
-                       torch_threads: int | None = None, **options: Any) -> Callable[[], DrawFn]:
+                       torch_threads: int | None = None, cache_size: int | None = None,
+                       **options: Any) -> Callable[[], DrawFn]:
     """Picklable factory: on the executor the model loads once per worker (udfs.runtime); `options` go to `draw`."""
 
     def factory() -> DrawFn:
         from udfs import runtime
 
-        model, tok, dev = runtime.task_model(path, family, device, dtype, revision, torch_threads)
+        model, tok, dev = runtime.task_model(path, family, device, dtype, revision, torch_threads, cache_size=cache_size)
 
         def run(prompts: Sequence[str]) -> list[Drawn]:
             return draw(model, tok, family, prompts, device=dev, **options)
@@ -117,14 +114,5 @@ def model_draw_factory(path: str, family: str, device: str = "auto", dtype: str 
 
 def draw_udf(factory: Callable[[], DrawFn], indicators: Sequence[str], on_error: str = "fail"):
     """Iterator pandas UDF prompt -> struct(chains, error); build once and reuse."""
-    from pyspark.sql.functions import pandas_udf
-
     wanted = list(indicators)
-
-    @pandas_udf(UDF_FIELDS)
-    def drawn(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
-        fn = factory()
-        for prompts in batches:
-            yield draw_frame(fn, prompts.fillna("").tolist(), wanted, on_error)
-
-    return drawn
+    return model_udf("drawn", UDF_FIELDS, factory, lambda fn, prompts: draw_frame(fn, prompts, wanted, on_error), 1)

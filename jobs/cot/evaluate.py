@@ -78,7 +78,8 @@ def build_udfs(settings: Settings) -> CotUdfs:
     length = cfg.max_length
     dtype = rt.dtype if cfg.dtype == "auto" else cfg.dtype
     common = dict(path=ref.path, family=ref.family, device=rt.device, dtype=dtype, revision=ref.revision,
-                  trust_remote_code=rt.trust_remote_code, torch_threads=rt.torch_threads)  # fmt: skip
+                  trust_remote_code=rt.trust_remote_code, torch_threads=rt.torch_threads,
+                  cache_size=rt.model_cache_size)  # fmt: skip
     gens = generator_options(cfg)
 
     def gen(name: str) -> Callable[..., Column]:
@@ -414,7 +415,7 @@ def _upsert_null_safe(spark: SparkSession, df: DataFrame, path: str, schema: Str
         columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
         spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
         table = tables.ensure(spark, path, schema)
-    condition = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
+    condition = tables.merge_condition(keys, null_safe=keys)
     (
         table.alias("t")
         .merge(tables.conform(df, schema).alias("s"), condition)

@@ -148,6 +148,9 @@ class RuntimeSettings(Section):
     trust_remote_code: bool = False
     # fail: a row whose scoring raises fails the job; quarantine: it goes to `quarantine`.
     on_row_error: Literal["fail", "quarantine"] = "quarantine"
+    # Models each Python worker keeps loaded, least recently used evicted first (udfs.runtime). 5 holds a
+    # night's cycle (SRL, NLI, the three PVI LMs): fewer would reload a model on every task.
+    model_cache_size: int = Field(5, ge=1)
     # Work reduction that leaves every score unchanged (tests prove it; off only to measure what each saves):
     # identical NLI pairs / LM passes scored once per batch, inputs sorted by length before batching, and
     # causal-LM passes whose sources share a prefix (a chain's L(k), every g') run that prefix once.

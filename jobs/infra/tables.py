@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 
 from delta.tables import DeltaTable
@@ -155,6 +154,15 @@ def conform(df: DataFrame, schema: StructType) -> DataFrame:
     return df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
 
 
+def merge_condition(keys: Sequence[str], null_safe: Sequence[str] = ()) -> str:
+    """The match condition of every MERGE here: target `t` and source `s` equal on each key.
+
+    A key in `null_safe` matches with `<=>` (null equals null): a plain `=` never matches a null, so a MERGE
+    on a nullable key would insert the row again on every rerun.
+    """
+    return " AND ".join(f"t.`{k}` {'<=>' if k in null_safe else '='} s.`{k}`" for k in keys)
+
+
 def insert_new(
     spark: SparkSession, df: DataFrame, path: str, schema: StructType, keys: Sequence[str]
 ) -> int:
@@ -163,7 +171,7 @@ def insert_new(
     Returns the number of rows inserted (from the commit's operation metrics).
     """
     table = ensure(spark, path, schema)
-    condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    condition = merge_condition(keys)
     merge = table.alias("t").merge(conform(df, schema).alias("s"), condition).whenNotMatchedInsertAll()
     return _inserted(merge)
 
@@ -177,7 +185,7 @@ def _inserted(merge) -> int:
 def upsert(spark: SparkSession, df: DataFrame, path: str, schema: StructType, keys: Sequence[str]) -> None:
     """Insert new keys and replace rows of existing keys (used where a rerun recomputes a row)."""
     table = ensure(spark, path, schema)
-    condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    condition = merge_condition(keys)
     (
         table.alias("t")
         .merge(conform(df, schema).alias("s"), condition)
@@ -223,17 +231,11 @@ def append_quarantine(spark: SparkSession, settings: Settings, rows: DataFrame) 
     The source is part of the key: the same bad line in two input files is two quarantined rows, not one.
     """
     path = settings.table("quarantine")
-    rows = rows.dropDuplicates([Q.STAGE, Q.REASON, Q.CHAIN_ID, Q.RAW, Q.SOURCE])
+    keys = (Q.STAGE, Q.REASON, Q.CHAIN_ID, Q.RAW, Q.SOURCE)
+    rows = rows.dropDuplicates(list(keys))
     table = ensure(spark, path, Q.SCHEMA)
-    cond = (
-        "t.stage = s.stage AND t.reason = s.reason AND t.chain_id <=> s.chain_id AND t.raw <=> s.raw"
-        " AND t.source <=> s.source"
-    )
+    cond = merge_condition(keys, null_safe=(Q.CHAIN_ID, Q.RAW, Q.SOURCE))
     return _inserted(table.alias("t").merge(conform(rows, Q.SCHEMA).alias("s"), cond).whenNotMatchedInsertAll())
-
-
-def to_json_text(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def merge_columns(
@@ -251,7 +253,7 @@ def merge_columns(
     """
     table = ensure(spark, path, schema)
     source = df.select(*keys, *columns)
-    condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    condition = merge_condition(keys)
     assignments = {f"`{c}`": f"s.`{c}`" for c in columns}
     inserts = {f"`{c}`": f"s.`{c}`" for c in [*keys, *columns]}
     (

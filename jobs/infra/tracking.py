@@ -58,10 +58,6 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def git_commit() -> str:
-    return _git("rev-parse", "HEAD") or "unknown"
-
-
 def source_tags(job: str) -> dict[str, str]:
     """MLflow's standard source tags (mlflow.source.*, mlflow.user) for this process and checkout."""
     from mlflow.tracking.context.registry import resolve_tags
@@ -407,7 +403,7 @@ def _killed_on_sigterm() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def job_run(settings: Settings, job: str, section: Any = None) -> Iterator[JobRun]:
+def job_run(settings: Settings, job: str) -> Iterator[JobRun]:
     """One MLflow run per job invocation, started now: params = flattened config, standard source tags."""
     from jobs.infra.logs import setup_logging
     from jobs.infra.progress import heartbeat

@@ -64,7 +64,7 @@ def contradict_factory(settings: Settings) -> ContradictFactory:
 
     ref, rt = settings.models.nli, settings.runtime
     make = nli.model_predictor(ref.path, ref.revision, rt.device, rt.dtype, rt.batch_size, rt.max_length,
-                               rt.torch_threads, rt.trust_remote_code)
+                               rt.torch_threads, rt.trust_remote_code, cache_size=rt.model_cache_size)
 
     def factory() -> roscoe.ContradictFn:
         predict = make()

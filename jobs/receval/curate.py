@@ -305,7 +305,7 @@ def metric_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", text)
 
 
-def log(result: CurationResult, tracked: JobRun) -> None:
+def log_curation(result: CurationResult, tracked: JobRun) -> None:
     """Rules, pass rates, label agreement and histograms to an MLflow run."""
     tracked.log_metrics({f"rows_{k}": v for k, v in result.counts.items()})
     tracked.log_metrics({metric_name(f"pass_rate.{k}"): v for k, v in result.pass_rates.items()})
@@ -320,7 +320,7 @@ def log(result: CurationResult, tracked: JobRun) -> None:
 def main(argv: list[str] | None = None) -> CurationResult:
     with job("curate", __doc__, argv) as (spark, settings, tracked):
         result = run(spark, settings, tracked.local_id)
-        log(result, tracked)
+        log_curation(result, tracked)
         logger.info(f"[curate] {result.counts} pass rates {result.pass_rates}")
     return result
 

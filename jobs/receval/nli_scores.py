@@ -194,6 +194,7 @@ def predictor(settings: Settings) -> nli.PredictFactory:
         threads=rt.torch_threads,
         trust_remote_code=rt.trust_remote_code,
         sort=rt.sort_by_length,
+        cache_size=rt.model_cache_size,
     )
 
 
@@ -214,8 +215,7 @@ def plan(
 ) -> Plan:
     premises = step_premises(steps, contexts, settings.nli)
     all_pairs = pairs(premises)
-    fail_fast = settings.runtime.on_row_error == "fail"
-    udf = nli.nli_udf(predict or predictor(settings), fail_fast, *accumulators)
+    udf = nli.nli_udf(predict or predictor(settings), settings.runtime.on_row_error, *accumulators)
     scored = score_distinct(all_pairs, udf, settings.runtime.dedup)
     return Plan(premises, all_pairs, scored, step_scores(premises, all_pairs, scored))
 

@@ -469,7 +469,7 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
                 child.log_table(table, settings.table(table), v, "output")
         if name == "curate" and summary.curation is not None:
             from jobs.receval import curate
-            curate.log(summary.curation, child)
+            curate.log_curation(summary.curation, child)
         child.end("FINISHED")
         log.info(f"[pipeline] {name}: done in {report.seconds:.1f} s")
 

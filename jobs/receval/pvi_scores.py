@@ -186,11 +186,11 @@ def model_id(ref: ModelRef) -> str:
     return ref.path if not ref.revision else f"{ref.path}@{ref.revision}"
 
 
-def _bound(scorer: Scorer, role: str) -> loglik.ScoreFn:
+def _bound(scorer: Scorer, role: str) -> loglik.TargetScoreFn:
     return functools.partial(scorer, role)
 
 
-def _factories(settings: Settings, scorer: Scorer | None) -> dict[str, Callable[[], loglik.ScoreFn]]:
+def _factories(settings: Settings, scorer: Scorer | None) -> dict[str, Callable[[], loglik.TargetScoreFn]]:
     refs = {"pvi_g": settings.models.pvi_g, "pvi_null": settings.models.pvi_null, "info_gain": settings.models.info_gain}
     if scorer is not None:
         return {role: functools.partial(_bound, scorer, role) for role in refs}
@@ -204,6 +204,7 @@ def _factories(settings: Settings, scorer: Scorer | None) -> dict[str, Callable[
         role: loglik.model_scorer_factory(
             ref.path, families[role], rt.device, rt.dtype, ref.revision, batch_size, max_length,
             rt.torch_threads, rt.trust_remote_code, rt.sort_by_length, rt.share_prefix, rt.max_batch_tokens,
+            rt.model_cache_size,
         )
         for role, ref in refs.items()
     }

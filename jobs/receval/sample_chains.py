@@ -114,6 +114,7 @@ def transform(questions: DataFrame, settings: Settings, draw: Any = None,
     if draw is None:
         factory = sampling.model_draw_factory(
             cfg.model.path, cfg.model.family, rt.device, rt.dtype, cfg.model.revision, rt.torch_threads,
+            cache_size=rt.model_cache_size,
             k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
             max_length=cfg.max_length, greedy_batch_size=cfg.greedy_batch_size,
         )  # fmt: skip

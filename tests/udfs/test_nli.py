@@ -123,7 +123,7 @@ def test_score_frame_isolates_a_poisoned_pair():
 
     premises = [f"premise {i}" for i in range(16)]
     premises[11] = "POISON here"
-    frame = nli.score_frame(predict, premises, ["h"] * 16, fail_fast=False)
+    frame = nli.score_frame(predict, premises, ["h"] * 16, on_error="quarantine")
     assert frame[nli.ERROR].notna().tolist() == [i == 11 for i in range(16)]
     assert frame.loc[11, nli.ERROR] == "ValueError: poisoned premise"
     assert frame.loc[11, nli.ENTAIL] is None
@@ -133,18 +133,18 @@ def test_score_frame_isolates_a_poisoned_pair():
 
 def test_score_frame_fail_fast_raises():
     with pytest.raises(RuntimeError, match="NLI scoring failed"):
-        nli.score_frame(_fake_predict, ["ok", "POISON"], ["h", "h"], fail_fast=True)
+        nli.score_frame(_fake_predict, ["ok", "POISON"], ["h", "h"], on_error="fail")
 
 
 def test_score_frame_non_finite_probabilities_are_errors():
     def predict(premises, hypotheses):
         return np.array([[np.nan, 0.5, 0.5] if p == "bad" else [0.2, 0.3, 0.5] for p in premises])
 
-    frame = nli.score_frame(predict, ["good", "bad"], ["h", "h"], fail_fast=False)
+    frame = nli.score_frame(predict, ["good", "bad"], ["h", "h"], on_error="quarantine")
     assert frame[nli.ERROR].tolist() == [None, "non-finite probabilities"]
     assert frame[nli.CONTRADICTION].tolist() == [0.5, None]
     with pytest.raises(RuntimeError, match="non-finite"):
-        nli.score_frame(predict, ["good", "bad"], ["h", "h"], fail_fast=True)
+        nli.score_frame(predict, ["good", "bad"], ["h", "h"], on_error="fail")
 
 
 def _constant_factory():
@@ -165,7 +165,7 @@ def test_nli_udf_builds_the_predictor_once_per_task(spark):
         df = spark.range(40).repartition(2).select(
             F.spark_partition_id().alias("part"), F.col("id").cast("string").alias("p"), F.lit("h").alias("h")
         )
-        udf = nli.nli_udf(_constant_factory, fail_fast=True)
+        udf = nli.nli_udf(_constant_factory, on_error="fail")
         rows = df.select("part", udf("p", "h").alias("s")).select("part", "s.*").collect()
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
@@ -181,7 +181,7 @@ def test_nli_udf_builds_the_predictor_once_per_task(spark):
 def test_nli_udf_model_scores_in_spark_equal_plain_torch(spark, spread_nli):
     factory = nli.model_predictor(str(spread_nli), None, "cpu", "fp32", batch_size=3, max_length=40)
     df = spark.createDataFrame(PAIRS, "p string, h string").coalesce(1)  # one worker imports torch
-    rows = df.select("p", "h", nli.nli_udf(factory, fail_fast=True)("p", "h").alias("s")).collect()
+    rows = df.select("p", "h", nli.nli_udf(factory, on_error="fail")("p", "h").alias("s")).collect()
     from udfs import runtime
 
     model, tok = runtime.load_model(str(spread_nli), "nli")
