@@ -345,7 +345,7 @@ class Masked:
     def to_original(self, pos: int) -> int:
         """A masked offset -> the original one; inside a placeholder -> the end of its mathematics."""
         shift = 0
-        for o0, o1, m0, m1 in self.spans:
+        for _o0, o1, m0, m1 in self.spans:
             if pos <= m0:
                 break
             if pos <= m1:
@@ -457,18 +457,22 @@ def mask_math(text: str) -> Masked:
 
 
 def parse_masked(nlp: Any, masks: Iterable[Masked], batch_size: int = 64) -> Iterator[Any]:
-    """spaCy docs of masked texts, in order; a display equation followed by text ends its sentence there (the
-    parser is told so before it runs: spaCy keeps a sentence start set on the doc)."""
+    """spaCy docs of masked texts, in order. A display equation followed by text ends its sentence there, and so does
+    a line break before a list item ("- ") or a capital; the parser is told so before it runs (spaCy keeps a
+    sentence start set on the doc)."""
 
     def docs() -> Iterator[Any]:
         for m in masks:
             doc = nlp.make_doc(m.text)
-            if m.display:
-                ends = {e for _, e in m.display}
-                for tok in doc[1:]:
-                    prev = doc[tok.i - 1]
-                    if prev.idx + len(prev.text) in ends and not tok.is_punct and not tok.is_space:
-                        tok.is_sent_start = True
+            ends = {e for _, e in m.display}
+            for tok in doc[1:]:
+                prev = doc[tok.i - 1]
+                if tok.is_punct and tok.text not in ("-", "*", "•") or tok.is_space:
+                    continue
+                if prev.idx + len(prev.text) in ends:
+                    tok.is_sent_start = True
+                elif "\n" in m.text[prev.idx : tok.idx] and (tok.text in ("-", "*", "•") or tok.text[:1].isupper()):
+                    tok.is_sent_start = True  # a new line that opens a list item or a sentence
             yield doc
 
     return nlp.pipe(docs(), batch_size=batch_size)
