@@ -193,7 +193,10 @@ def starts_equation(seg: Sequence[Any]) -> bool:
 def _has_main_verb(seg: Sequence[Any]) -> bool:
     # An equation is the claim only where it opens the segment ("16 - 7 = 9 duck eggs"); one inside a phrase
     # ("Substituting $c = -3$ into ..., we get", "for the 0th row ($n=0$), the sum is") is not a verb of its own.
-    return any(t.tag_ in _FINITE and t.dep_ not in ("relcl", "acl") for t in seg) or starts_equation(seg)
+    # "Let x be the number of adult tickets sold, and let y be ...": a definition is a claim without a finite verb.
+    if any(t.tag_ in _FINITE and t.dep_ not in ("relcl", "acl") for t in seg) or starts_equation(seg):
+        return True
+    return bool(seg) and _defines(seg, 0)
 
 
 def _subject_runs_on(toks: Sequence[Any], end: int, cuts: Sequence[tuple[int, int]], left_from: int, start: int) -> bool:
