@@ -467,12 +467,15 @@ def parse_masked(nlp: Any, masks: Iterable[Masked], batch_size: int = 64) -> Ite
             ends = {e for _, e in m.display}
             for tok in doc[1:]:
                 prev = doc[tok.i - 1]
-                if tok.is_punct and tok.text not in ("-", "*", "•") or tok.is_space:
+                if tok.is_space:
                     continue
-                if prev.idx + len(prev.text) in ends:
+                if prev.idx + len(prev.text) in ends and not tok.is_punct:
                     tok.is_sent_start = True
-                elif "\n" in m.text[prev.idx : tok.idx] and (tok.text in ("-", "*", "•") or tok.text[:1].isupper()):
-                    tok.is_sent_start = True  # a new line that opens a list item or a sentence
+                elif "\n" in m.text[prev.idx : tok.idx] and tok.text[:1].isupper():
+                    tok.is_sent_start = True  # a new line that opens a sentence
+                elif "\n" in m.text[prev.idx : tok.idx] and tok.text in ("-", "*", "•") and tok.i + 1 < len(doc):
+                    # a list item: its text starts the sentence (the bullet stays behind, an edge of no unit)
+                    doc[tok.i + 1].is_sent_start = True
             yield doc
 
     return nlp.pipe(docs(), batch_size=batch_size)

@@ -365,13 +365,14 @@ def clause_units(doc_or_span: Any) -> list[Rcu]:
         spans = clause_spans(sent)
         if not spans:
             whole = text.strip().rstrip(".").strip()
-            if whole and whole.endswith(":") and _header([t for t in sent if not t.is_punct]):
+            if whole.rstrip("-*• \n").endswith(":") and _header([t for t in sent if not t.is_punct]):
                 continue  # a heading line: "Third, for the long-answer questions:"
             if whole:
                 spans = [(text.index(whole), text.index(whole) + len(whole))]
         for s, e in spans:
             unit = Rcu(text[s:e], shift + s)
             toks = [t for t in sent if s <= t.idx - sent.start_char < e]
-            (dropped if instruction(toks) else out).append(unit)
-    # Instructions state no claim; a step that is nothing but an instruction keeps it, so it still has a conclusion.
+            (dropped if instruction(toks) or all(t.is_punct or t.is_space for t in toks) else out).append(unit)
+    # Instructions (and a lone list bullet) state no claim; a step that is nothing else keeps them, so it still has
+    # a conclusion.
     return out or dropped
