@@ -395,7 +395,7 @@ RULES = {
     "shared subject": ("c", 'if seg[k].tag_ in _FINITE or seg[k].tag_ in ("VB", "VBN"):', "if False:"),
     "misread subject": ("c", "return _misread_subject(seg, k)", "return False"),
     "misread verb before and": ("c", 'elif words == {"and"} and _misread_verb(left) and is_clause(right):', "elif False:"),
-    "instruction in no unit": ("c", "(dropped if instruction(toks) else out).append(unit)", "out.append(unit)"),
+    "instruction in no unit": ("c", "(dropped if instruction(toks) or all(", "(dropped if False and all("),
     "let X be Y": ("c", 'return True  # "and let $y$ be', 'pass  # "and let $y$ be'),
     "colon before a clause": ("c", "elif is_clause(right) and not starts_equation(right):", "elif False:"),
     "closing bracket kept": ("c", "and not _closes(seg, s, e - 1):", ":"),
