@@ -8,6 +8,8 @@ Agreement sets (each step scored by `udfs.rcu_agreement.agree`, then averaged ov
   the step's fresh parents, conclusion = the child; `entailment_bank.fresh_steps`). Needs `entailment_bank`.
 - natural: `bench/data/natural_rcus.jsonl`, 78 GSM-8K steps labelled by hand (`bench/data/README.md`), each
   given to the job as a one-step chain.
+- latex: `bench/data/latex_rcus.jsonl`, 74 ProcessBench paragraph steps with LaTeX (GSM8K and MATH), labelled by
+  hand the same way and scored the same way.
 The extraction is `jobs.receval.steps.explode_records`, the code the job's pandas UDF runs on each batch.
 
 `--throughput` also times, in the same run, the steps job (`transform` to a counted `steps` frame, local[2])
@@ -39,6 +41,7 @@ from udfs import entailment_bank as eb  # noqa: E402
 from udfs import rcu_agreement as A  # noqa: E402
 
 NATURAL = ROOT / "bench" / "data" / "natural_rcus.jsonl"
+LATEX = ROOT / "bench" / "data" / "latex_rcus.jsonl"
 EB_DIR = "receval/entailment_bank/data/public_dataset/entailment_trees_emnlp2021_data_v2/dataset/task_1"
 Gold = tuple[list[str], str]
 
@@ -51,8 +54,8 @@ def eb_set(settings: Settings, split: str) -> tuple[list[dict[str, Any]], list[l
     return records, golds
 
 
-def natural_set() -> tuple[list[dict[str, Any]], list[list[Gold]]]:
-    items = [json.loads(line) for line in NATURAL.read_text(encoding="utf-8").splitlines() if line.strip()]
+def natural_set(path: Path = NATURAL) -> tuple[list[dict[str, Any]], list[list[Gold]]]:
+    items = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     records = [{c: None for c in J._INPUT} | {C.CHAIN_ID: it["id"], C.STEPS: [it["text"]]} for it in items]
     return records, [[(it["premises"], it["conclusion"])] for it in items]
 
@@ -166,7 +169,7 @@ def throughput(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", action="append", default=[], help="config override, e.g. steps.roles=position")
-    parser.add_argument("--sets", nargs="*", default=["eb_dev", "eb_test", "natural"])
+    parser.add_argument("--sets", nargs="*", default=["eb_dev", "eb_test", "natural", "latex"])
     parser.add_argument("--throughput", action="store_true")
     parser.add_argument("--repeats", type=int, default=3, help="throughput: runs of each, best kept")
     parser.add_argument("--speed-sets", nargs="*", default=["eb_test", "gsm8k"], help="throughput: chains to time")
@@ -182,7 +185,10 @@ def main(argv: list[str] | None = None) -> None:
 
     data = {}
     for name in args.sets:
-        data[name] = natural_set() if name == "natural" else eb_set(settings, name.split("_", 1)[1])
+        if name in ("natural", "latex"):
+            data[name] = natural_set(NATURAL if name == "natural" else LATEX)
+        else:
+            data[name] = eb_set(settings, name.split("_", 1)[1])
     summaries = {}
     started = time.perf_counter()
     for name, (records, golds) in data.items():
@@ -239,7 +245,8 @@ def record(
         "| same # premises | units | edge defects |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    names = {"eb_dev": "EB task_1 dev", "eb_test": "EB task_1 test", "natural": "natural (GSM-8K, 78)"}
+    names = {"eb_dev": "EB task_1 dev", "eb_test": "EB task_1 test", "natural": "natural (GSM-8K, 78)",
+             "latex": "latex (ProcessBench, 74)"}
     for name, s in summaries.items():
         lines.append(
             f"| {names.get(name, name)} | {s['steps']} | {s['conclusion_exact']:.1%} | {s['conclusion_token_f1']:.3f} "

@@ -34,7 +34,10 @@ _SUBORDINATORS = frozenset(
 _SO_NOT_BEFORE = frozenset({"many", "much", "far", "long", "few", "little", "on", "called"})
 _SO_NOT_AFTER = frozenset({"or", "do", "did", "does", "doing", "not", "think"})
 # Words that may open a clause before its subject ("and then he ...", "but only 36 of them are ...").
-_OPENERS = frozenset({"then", "also", "first", "next", "now", "finally", "only", "so", "lastly", "second", "third"})
+_OPENERS = frozenset(
+    {"then", "also", "first", "next", "now", "finally", "only", "so", "lastly", "second", "third", "fourth", "fifth",
+     "additionally", "however"}
+)
 
 
 def _is_equation_token(tok: Any) -> bool:
@@ -119,14 +122,58 @@ def is_clause(seg: Sequence[Any]) -> bool:
         k += 1
     if k < len(seg) and seg[k].lower_ in _SUBORDINATORS:
         k += 1
-    if k >= len(seg) or seg[k].tag_ in _FINITE or seg[k].tag_ in ("VB", "VBN"):
+    if k < len(seg) and _defines(seg, k):
+        return True  # "and let $y$ be the number of ...": a definition of its own
+    if k >= len(seg):
         return False
+    if seg[k].tag_ in _FINITE or seg[k].tag_ in ("VB", "VBN"):
+        # A verb first shares the left clause's subject ("and bakes 4") - unless the small tagger misread a subject
+        # noun as a verb: then a noun and a finite verb heading a clause follow ("and matter in the solid phase has
+        # definite shape", "and learned behaviors are learned ..."). A relative clause or a second verb first
+        # ("and bakes 4 that are ...", "and goes to buy") keeps the shared-subject reading.
+        return _misread_subject(seg, k)
     for j in range(k + 1, len(seg)):
         t = seg[j]
         if t.tag_ in _FINITE:
             return True
         if t.tag_ in ("WDT", "WP", "WP$") or (t.lower_ == "that" and t.dep_ in ("nsubj", "nsubjpass", "mark")):
             return False  # "animals that eat plants": a relative clause, not a clause of its own
+    return False
+
+
+def _defines(seg: Sequence[Any], k: int) -> bool:
+    """ "Let X be Y" (a definition, a claim of its own), not "Let's ..." / "Let us ..." (an instruction)."""
+    if seg[k].lower_ != "let" or k + 1 >= len(seg) or seg[k + 1].lower_ in ("'s", "’s", "us"):
+        return False
+    return any(t.lower_ == "be" for t in seg[k + 2 : k + 8])
+
+
+def _misread_subject(seg: Sequence[Any], k: int) -> bool:
+    nxt = seg[k + 1] if k + 1 < len(seg) else None
+    if nxt is None or nxt.tag_ in ("DT", "CD", "PRP", "PRP$", "TO", "RP") or nxt.tag_.startswith("VB"):
+        return False  # "bakes 4 ...", "trades the ...", "goes to ...": a verb with its object
+    for t in seg[k + 1 :]:
+        if t.tag_ in ("WDT", "WP", "WP$") or t.lower_ == "that":
+            return False
+        if t.tag_ in _FINITE and t.dep_ not in ("relcl", "acl") and t.i - seg[k].i >= 2:
+            return any(x.pos_ in ("NOUN", "PROPN") for x in seg[k + 1 : t.i - seg[0].i])
+    return False
+
+
+def _misread_verb(seg: Sequence[Any]) -> bool:
+    """A clause whose verb the small tagger read as a plural noun: "-s" word between its subject (a noun or a
+    gerund) and its object ("overgrazing increases soil erosion", "a water reservoir stores water"). Asked only
+    before "and" + a clause of its own, where a noun phrase alone ("water molecules and ions are ...") has no
+    object after its last noun."""
+    for j in range(1, len(seg) - 1):
+        t, before, after = seg[j], seg[j - 1], seg[j + 1]
+        if (
+            t.tag_ in ("NNS", "NNPS")
+            and t.lower_.endswith("s")
+            and (before.pos_ in ("NOUN", "PROPN") or before.tag_ == "VBG")
+            and after.pos_ in ("NOUN", "DET", "ADJ", "NUM", "PROPN")
+        ):
+            return True
     return False
 
 
@@ -144,7 +191,12 @@ def starts_equation(seg: Sequence[Any]) -> bool:
 
 
 def _has_main_verb(seg: Sequence[Any]) -> bool:
-    return any((t.tag_ in _FINITE and t.dep_ not in ("relcl", "acl")) or _is_equation_token(t) for t in seg)
+    # An equation is the claim only where it opens the segment ("16 - 7 = 9 duck eggs"); one inside a phrase
+    # ("Substituting $c = -3$ into ..., we get", "for the 0th row ($n=0$), the sum is") is not a verb of its own.
+    # "Let x be the number of adult tickets sold, and let y be ...": a definition is a claim without a finite verb.
+    if any(t.tag_ in _FINITE and t.dep_ not in ("relcl", "acl") for t in seg) or starts_equation(seg):
+        return True
+    return bool(seg) and _defines(seg, 0)
 
 
 def _subject_runs_on(toks: Sequence[Any], end: int, cuts: Sequence[tuple[int, int]], left_from: int, start: int) -> bool:
@@ -163,11 +215,21 @@ def _subject_runs_on(toks: Sequence[Any], end: int, cuts: Sequence[tuple[int, in
 
 
 def _imperative(seg: Sequence[Any]) -> bool:
-    """ "First find the number of pillow cases in each room:" is an instruction, not a claim."""
+    """ "First find the number of pillow cases in each room:", "Third, determine the cost of the flowers.",
+    "Let's break it down": an instruction, not a claim. "Let X be Y" defines X; a verb-tagged first word that is
+    followed by the clause's own finite verb is a misread subject ("matter in the solid phase has ...")."""
     k = 0
-    while k < len(seg) and (seg[k].is_punct or seg[k].lower_ in _OPENERS):
+    while k < len(seg) and (seg[k].is_punct or seg[k].is_space or seg[k].lower_ in _OPENERS or seg[k].tag_ == "LS"):
         k += 1
-    return k < len(seg) and seg[k].tag_ == "VB"
+    if k >= len(seg) or seg[k].tag_ != "VB" or _defines(seg, k):
+        return False
+    return not any(t.tag_ in _FINITE and t.dep_ in ("ROOT", "conj") for t in seg[k + 1 :])
+
+
+def _header(seg: Sequence[Any]) -> bool:
+    """What stands before a colon without a finite verb or an equation of its own: "Step 1", "Solving for \\(x\\)",
+    "Dividing both sides by 2", "After third sale" - a heading for what follows, not a claim."""
+    return bool(seg) and not any(t.tag_ in _FINITE or _is_equation_token(t) for t in seg)
 
 
 def _is_edge_word(tok: Any, leading: bool) -> bool:
@@ -175,6 +237,17 @@ def _is_edge_word(tok: Any, leading: bool) -> bool:
     if tok.is_punct or tok.is_space or word in _COORDINATORS or word in ("so", "because", "since"):
         return True
     return leading and (word in _BOUNDARY_CONNECTIVES or word == "then")
+
+
+def _closes(seg: Sequence[Any], s: int, j: int) -> bool:
+    """Token j is a closing bracket whose opening one is in the unit: kept ("4 flashlights (one per person)")."""
+    pair = {")": "(", "]": "["}.get(seg[j].text)
+    return pair is not None and sum(t.text == pair for t in seg[s:j]) > sum(t.text == seg[j].text for t in seg[s:j])
+
+
+def instruction(seg: Sequence[Any]) -> bool:
+    """A unit that states no claim: an imperative ("Third, determine the cost of the flowers"), "Let's ..."."""
+    return _imperative(seg)
 
 
 def clause_spans(sent: Any) -> list[tuple[int, int]]:
@@ -225,8 +298,11 @@ def clause_spans(sent: Any) -> list[tuple[int, int]]:
             continue
         words = {toks[k].text for k in g}
         if ":" in words:
-            if _imperative(toks[left_from:start]):
-                accepted.append((left_from, end))  # the instruction and the colon belong to no unit
+            left = toks[left_from:start]
+            if _imperative(left) or _header(left):
+                accepted.append((left_from, end))  # the instruction or heading and the colon belong to no unit
+            elif is_clause(right) and not starts_equation(right):
+                accepted.append((start, end))  # "we add up the costs: The total cost ... is $18": two claims
             continue
         # The left side's own verb must be outside subordinate clauses: "If P, then in total, Q" is one claim.
         left = [toks[k] for k in range(left_from, start) if not protected[k]]
@@ -237,6 +313,8 @@ def clause_spans(sent: Any) -> list[tuple[int, int]]:
                 accepted.append((start, end))
             elif toks[g[-1]].lower_ in _COORDINATORS and _subject_runs_on(toks, end, cuts, left_from, start):
                 accepted.append((start, end))
+        elif words == {"and"} and _misread_verb(left) and is_clause(right):
+            accepted.append((start, end))  # "burning coal emits(NNS) sulfur dioxide and burning oil emits ..."
     # "since P C" without a comma: the premise ends where the subtree of its verb ends.
     for i in at:
         tok = toks[i]
@@ -261,7 +339,7 @@ def clause_spans(sent: Any) -> list[tuple[int, int]]:
             s, e = 0, len(seg)
             while s < e and _is_edge_word(seg[s], leading=True) and not (seg[s].lower_ == "then" and s + 1 == e):
                 s += 1
-            while e > s and _is_edge_word(seg[e - 1], leading=False):
+            while e > s and _is_edge_word(seg[e - 1], leading=False) and not _closes(seg, s, e - 1):
                 e -= 1
             if s < e:
                 spans.append((seg[s].idx - base, seg[e - 1].idx + len(seg[e - 1].text) - base))
@@ -278,16 +356,23 @@ def clause_units(doc_or_span: Any) -> list[Rcu]:
     base = doc_or_span.start_char if hasattr(doc_or_span, "start_char") else 0
     sents = list(doc_or_span.sents) if hasattr(doc_or_span, "sents") else [doc_or_span]
     out: list[Rcu] = []
+    dropped: list[Rcu] = []
     for sent in sents:
         text = sent.text
         if not text.strip():
             continue
         shift = sent.start_char - base
         spans = clause_spans(sent)
-        if spans:
-            out += [Rcu(text[s:e], shift + s) for s, e in spans]
-            continue
-        whole = text.strip().rstrip(".").strip()
-        if whole:
-            out.append(Rcu(whole, shift + text.index(whole)))
-    return out
+        if not spans:
+            whole = text.strip().rstrip(".").strip()
+            if whole.rstrip("-*• \n").endswith(":") and _header([t for t in sent if not t.is_punct]):
+                continue  # a heading line: "Third, for the long-answer questions:"
+            if whole:
+                spans = [(text.index(whole), text.index(whole) + len(whole))]
+        for s, e in spans:
+            unit = Rcu(text[s:e], shift + s)
+            toks = [t for t in sent if s <= t.idx - sent.start_char < e]
+            (dropped if instruction(toks) or all(t.is_punct or t.is_space for t in toks) else out).append(unit)
+    # Instructions (and a lone list bullet) state no claim; a step that is nothing else keeps them, so it still has
+    # a conclusion.
+    return out or dropped

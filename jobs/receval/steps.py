@@ -183,8 +183,11 @@ def _plan(record: dict[str, Any], opts: Options) -> tuple[list[Planned], list[st
     return plan, rcu.lines(clean(context))
 
 
-def _steps_of(plan: list[Planned], docs: list[Any], units_of, opts: Options) -> list[dict[str, Any]]:
-    """One dict per step; `docs` holds the parses of the planned steps without given units, in order."""
+def _steps_of(
+    plan: list[Planned], docs: list[tuple[Any, rcu.Masked]], units_of, opts: Options
+) -> list[dict[str, Any]]:
+    """One dict per step; `docs` holds the parses (of the math-masked texts, with their masks) of the planned steps
+    without given units, in order. Units are found on the masked text and handed on in the original's characters."""
     out = []
     parsed = iter(docs)
     for text, boundary, split, given in plan:
@@ -194,13 +197,15 @@ def _steps_of(plan: list[Planned], docs: list[Any], units_of, opts: Options) -> 
                  STEP_EXTRACTOR: GIVEN}
             )
             continue
-        doc = next(parsed)
+        doc, mask = next(parsed)
         units = rcu.sentence_spans(doc) if split else [doc]
         for unit in units:
-            step_text = unit.text.strip()
-            found = units_of(unit) if step_text else []
-            lead = len(unit.text) - len(unit.text.lstrip())
-            found = [rcu.Rcu(u.text, u.start - lead) for u in found]
+            step_text, at = rcu.restored_span(mask, unit)
+            base = unit.start_char if hasattr(unit, "start_char") else 0
+            found = []
+            for u in units_of(unit) if step_text else []:
+                a = mask.to_original(base + u.start)
+                found.append(rcu.Rcu(mask.original[a : mask.to_original(base + u.start + len(u.text))], a - at))
             premises, conclusion = rcu.assign_roles(found, step_text, opts.roles)
             out.append(
                 {S.STEP_TEXT: step_text, S.PREMISE_RCUS: premises, S.CONCLUSION_RCU: conclusion, S.BOUNDARY: boundary,
@@ -229,7 +234,8 @@ def explode_records(records: list[dict[str, Any]], opts: Options) -> list[dict[s
             plans.append(err)
         except Exception as err:  # a planning bug must quarantine the chain, not fail the night
             plans.append(ChainError("steps_error", f"{type(err).__name__}: {err}"))
-    docs = iter(nlp.pipe(texts, batch_size=opts.batch_size))
+    masks = [rcu.mask_math(t) for t in texts]
+    docs = zip(rcu.parse_masked(nlp, masks, opts.batch_size), masks, strict=True)
     out = []
     for rec, planned in zip(records, plans, strict=True):
         row: dict[str, Any] = {C.CHAIN_ID: rec.get(C.CHAIN_ID)}
@@ -241,7 +247,7 @@ def explode_records(records: list[dict[str, Any]], opts: Options) -> list[dict[s
         ctx_docs = [next(docs) for _ in ctx]
         try:
             steps = _steps_of(plan, step_docs, units_of, opts)
-            sentences = [s.text.strip() for d in ctx_docs for s in rcu.sentence_spans(d)]
+            sentences = [rcu.restored_span(m, s)[0] for d, m in ctx_docs for s in rcu.sentence_spans(d)]
             chain_text = rec.get(C.CHAIN_TEXT) or "\n".join(rec.get(C.STEPS) or [])
             answer, rule = rcu.derive_answer(
                 rec.get(C.ANSWER), chain_text, steps[-1][S.CONCLUSION_RCU], opts.indicators
