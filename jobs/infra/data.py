@@ -23,10 +23,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
@@ -109,22 +109,30 @@ class Dataset:
 _DATASET = TypeAdapter(Dataset)
 
 
-def load_catalogue(path: str | os.PathLike[str] = CATALOGUE) -> dict[str, Dataset]:
-    """Dataset name -> Dataset, in file order; every file path appears once across the catalogue."""
+def yaml_entries(
+    path: str | os.PathLike[str], section: str, adapter: TypeAdapter, kind: str, error: type[ValueError]
+) -> Iterator[tuple[str, Any]]:
+    """(name, validated entry) of a `section: {name: {...}}` YAML file, in file order; `error` names the file,
+    the entry (`kind` NAME) and every field that fails. The dataset catalogue and the model registry share it."""
     raw = yaml.safe_load(Path(path).read_text()) or {}
-    entries = raw.get("datasets") if isinstance(raw, dict) else None
+    entries = raw.get(section) if isinstance(raw, dict) else None
     if not isinstance(entries, dict):
-        raise CatalogueError(f"{path}: expected a mapping `datasets: {{name: {{...}}}}`")
-    catalogue: dict[str, Dataset] = {}
-    owner: dict[str, str] = {}
+        raise error(f"{path}: expected a mapping `{section}: {{name: {{...}}}}`")
     for name, entry in entries.items():
         if not isinstance(entry, dict):
-            raise CatalogueError(f"{path}: dataset {name!r} must be a mapping")
+            raise error(f"{path}: {kind} {name!r} must be a mapping")
         try:
-            dataset = _DATASET.validate_python({"name": name, **entry})
+            yield name, adapter.validate_python({"name": name, **entry})
         except ValidationError as err:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-            raise CatalogueError(f"{path}: dataset {name!r}: {problems}") from None
+            raise error(f"{path}: {kind} {name!r}: {problems}") from None
+
+
+def load_catalogue(path: str | os.PathLike[str] = CATALOGUE) -> dict[str, Dataset]:
+    """Dataset name -> Dataset, in file order; every file path appears once across the catalogue."""
+    catalogue: dict[str, Dataset] = {}
+    owner: dict[str, str] = {}
+    for name, dataset in yaml_entries(path, "datasets", _DATASET, "dataset", CatalogueError):
         for f in dataset.files:
             if f.path in owner:
                 raise CatalogueError(f"{path}: {f.path} is listed by both {owner[f.path]!r} and {name!r}")

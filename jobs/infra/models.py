@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Annotated, Any, Literal
 
-import yaml
-from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter
 from rich.filesize import decimal as human_size
 
 from jobs.infra.config import CONF_DIR, ConfigError, load_settings, resolve_path
+from jobs.infra.data import yaml_entries
 
 REGISTRY = CONF_DIR / "model_registry.yaml"
 RECORD = "model_record.json"
@@ -182,19 +182,8 @@ _MODEL = TypeAdapter(RegisteredModel)
 
 def load_registry(path: str | os.PathLike[str] = REGISTRY) -> dict[str, RegisteredModel]:
     """Model name -> RegisteredModel, in file order; each entry checked for consistency."""
-    raw = yaml.safe_load(Path(path).read_text()) or {}
-    entries = raw.get("models") if isinstance(raw, dict) else None
-    if not isinstance(entries, dict):
-        raise RegistryError(f"{path}: expected a mapping `models: {{name: {{...}}}}`")
     registry: dict[str, RegisteredModel] = {}
-    for name, entry in entries.items():
-        if not isinstance(entry, dict):
-            raise RegistryError(f"{path}: model {name!r} must be a mapping")
-        try:
-            model = _MODEL.validate_python({"name": name, **entry})
-        except ValidationError as err:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-            raise RegistryError(f"{path}: model {name!r}: {problems}") from None
+    for name, model in yaml_entries(path, "models", _MODEL, "model", RegistryError):
         problems = _inconsistencies(model)
         if problems:
             raise RegistryError(f"{path}: model {name!r}: {'; '.join(problems)}")
