@@ -52,7 +52,7 @@ def spark():
     from jobs.infra.session import build_session
 
     session = build_session(
-        SparkSettings(master="local[2]", shuffle_partitions=2, app_name="receval-tests"),
+        SparkSettings(master="local[2]", shuffle_partitions=1, app_name="receval-tests"),
         extra={
             "spark.driver.memory": "1g",
             "spark.sql.adaptive.enabled": "false",
@@ -114,7 +114,7 @@ def folder_settings(folder: Path, *overrides: str) -> Settings:
         f"mlflow.tracking_uri={sqlite_store(folder / 'mlruns.db')}",
         f"mlflow.artifact_location={folder}/mlartifacts",
         "spark.master=local[2]",
-        "spark.shuffle_partitions=2",
+        "spark.shuffle_partitions=1",
     ]
     return load_settings(overrides=[*base, *overrides], environ={})
 
@@ -136,7 +136,8 @@ def job_args(settings: Settings, *pairs: str) -> list[str]:
     end-to-end tests call a job's `main` with the test's own folders."""
     base = [f"paths.lake={settings.paths.lake}", f"paths.checkpoints={settings.paths.checkpoints}",
             f"mlflow.tracking_uri={settings.mlflow.tracking_uri}",
-            f"mlflow.artifact_location={settings.mlflow.artifact_location}", "spark.master=local[2]"]
+            f"mlflow.artifact_location={settings.mlflow.artifact_location}", "spark.master=local[2]",
+            "spark.shuffle_partitions=1"]
     return [arg for pair in (*base, *pairs) for arg in ("--set", pair)]
 
 

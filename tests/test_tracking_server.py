@@ -49,7 +49,7 @@ def ingest_args(lake: Path) -> list[str]:
         "--set", f"paths.lake={lake}",
         "--set", f"ingest.input={copy_sample(lake.parent / 'input')}",
         "--set", "spark.master=local[2]",
-        "--set", "spark.shuffle_partitions=2",
+        "--set", "spark.shuffle_partitions=1",
     ]
 
 

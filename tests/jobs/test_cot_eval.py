@@ -125,7 +125,7 @@ def _overrides(base, model: str, family: str) -> list[str]:
         f"mlflow.tracking_uri={sqlite_store(base / 'mlruns.db')}",
         f"mlflow.artifact_location={base}/mlartifacts",
         "spark.master=local[2]",
-        "spark.shuffle_partitions=2",
+        "spark.shuffle_partitions=1",
         f"models.cot.path={model}",
         f"models.cot.family={family}",
         "cot.max_examples_per_task=1",

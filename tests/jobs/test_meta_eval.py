@@ -137,7 +137,8 @@ def test_main_writes_table_and_mlflow_artifacts(spark, make_settings, tmp_path):
     tables.upsert(spark, baseline, settings.table("baseline_scores"), B.SCHEMA, [B.CHAIN_ID, B.METRIC])
     argv = [f"--set=paths.lake={settings.paths.lake}", f"--set=mlflow.tracking_uri={settings.mlflow.tracking_uri}",
             f"--set=mlflow.artifact_location={settings.mlflow.artifact_location}", "--set=meta_eval.config_hash=h1",
-            "--set=meta_eval.bootstrap_resamples=20", "--set=spark.master=local[2]"]
+            "--set=meta_eval.bootstrap_resamples=20", "--set=spark.master=local[2]",
+            "--set=spark.shuffle_partitions=1"]
     argv = [a.replace("--set=", "--set ", 1).split(" ", 1) for a in argv]
     rows = ME.main([x for pair in argv for x in pair])
     rows_again = ME.main([x for pair in argv for x in pair])

@@ -104,6 +104,7 @@ def _clean_overrides(lake_input: Path, lake: Path, tmp: Path) -> list[tuple[str,
     return [
         ("paths.lake", str(lake)), ("mlflow.tracking_uri", sqlite_store(tmp / "mlruns.db")),
         ("mlflow.artifact_location", f"{tmp}/mlartifacts"), ("spark.master", "local[2]"),
+        ("spark.shuffle_partitions", "1"),
         ("ingest.input", str(lake_input)), ("pipeline.batch_chains", "12"), ("pipeline.progress", "plain"),
         ("pipeline.stages", "[ingest,steps,scores,aggregate,curate]"), ("curation.thresholds", "{intra_entail: 0.3}"),
         ("curation.quantiles", "{inter: 0.25}"),

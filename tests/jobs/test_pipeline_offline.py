@@ -34,7 +34,7 @@ def _real_argv(lake: Path, tmp_path: Path, lake_input: Path, *extra: str) -> lis
         f"--set=mlflow.tracking_uri={sqlite_store(tmp_path / 'mlruns.db')}",
         f"--set=mlflow.artifact_location={tmp_path}/mlartifacts",
         "--set=spark.master=local[2]",
-        "--set=spark.shuffle_partitions=2",
+        "--set=spark.shuffle_partitions=1",
         "--set=models.profile=offline",
         # Two batches per stage: enough for a driver killed after the first to leave work undone.
         "--set=pipeline.batch_chains=12",
