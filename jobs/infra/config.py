@@ -596,6 +596,11 @@ class CurationSettings(Section):
     require_api_k: int | None = Field(None, ge=1)
     max_steps: int | None = Field(None, ge=1)
     histogram_bins: int = Field(20, ge=2)
+    # step_scores metric -> threshold (e.g. one `python -m jobs.metaeval.localise` calibrated): every decided
+    # chain carries its first flagged step, the first step scoring below the threshold of any metric here, and
+    # that metric (curation.first_flagged_step / _metric; -1 = none flagged). A label, not a rule: no chain
+    # passes or fails by it. Empty: no flags (null), and the rules hash of the rules before it.
+    step_thresholds: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("quantiles")
     @classmethod
@@ -608,6 +613,8 @@ class CurationSettings(Section):
     def rules_hash(self) -> str:
         """Hash of the rules (not the reporting options): new rules curate every chain again."""
         keyed = self.model_dump(exclude={"histogram_bins"})
+        if not keyed["step_thresholds"]:
+            del keyed["step_thresholds"]  # chains decided before the setting existed keep their rules hash
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 
 
