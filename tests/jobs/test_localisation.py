@@ -69,7 +69,8 @@ def localised(spark, tmp_path_factory):
     settings = folder_settings(folder, *pairs)
     h = settings.scoring_hash()
     chains, scores, labels, baseline = [], [], [], []
-    every = {**CAL_CHAINS, **OTHER_CHAINS, "Q1": ([0.5, 0.5], 5), "Q2": ([0.5, 0.5], 0), "N1": ([0.5], -1)}
+    every = {**CAL_CHAINS, **OTHER_CHAINS, "Q1": ([0.5, 0.5], 5), "Q2": ([0.5, 0.5], 0),
+             "Q3": ([0.5, 0.5], 0.5), "Q4": ([0.5, 0.5], 1), "N1": ([0.5], -1)}
     for cid, (steps, label) in every.items():
         dataset = CAL if cid in CAL_CHAINS else OTHER
         # H is labelled by its step_labels rows alone.
@@ -82,7 +83,7 @@ def localised(spark, tmp_path_factory):
                                                  SS.INTRA_ENTAIL: s, SS.INTER: 0.5}))
                 baseline.append((cid, i, "roscoe_step", s))
     scores.append(_row(SS.SCHEMA, **{SS.CHAIN_ID: "E", SS.STEP_IDX: 0, SS.CONFIG_HASH: "other", SS.INTRA_ENTAIL: 0.0}))
-    for cid, values in {"A": [1.0, 0.0], "B": [1.0, 1.0], "H": [1.0, 1.0], "Q2": [1.0, 0.0]}.items():
+    for cid, values in {"A": [1.0, 0.0], "B": [1.0, 1.0], "H": [1.0, 1.0], "Q2": [1.0, 0.0], "Q4": [0.0, 0.0]}.items():
         labels += [(cid, i, SL.FIRST_ERROR, v, None) for i, v in enumerate(values)]
     # Plain writes: the job reads tables, however they were made (a MERGE each would cost ~1 s more).
     for name, rows, schema in (("chains", chains, C.SCHEMA), ("step_scores", scores, SS.SCHEMA),
@@ -102,7 +103,7 @@ def test_job_rows_by_hand(spark, localised):
     assert [cal[k] for k in (LO.N, LO.N_ERROR, LO.N_CORRECT, LO.ACC_ERROR, LO.ACC_CORRECT, LO.F1, LO.AUROC,
                              LO.N_POSITIVE, LO.N_NEGATIVE, LO.HIT_RATE)] == [4, 2, 2, 1.0, 1.0, 1.0, 1.0, 2, 6, 1.0]
     assert cal[LO.RANDOM_HIT_RATE] == exact((1 / 3 + 1 / 2) / 2)
-    # Other (E, F, G, H; Q1, Q2 quarantined, N1 not scored; E's score under another hash ignored): E and H wrong.
+    # Other (E, F, G, H; Q1-Q4 quarantined, N1 not scored; E's score under another hash ignored): E and H wrong.
     # AUROC: 0.1 below all five negatives, 0.2 below four (H's 0.15 is lower): 9/10.
     assert [other[k] for k in (LO.N, LO.N_ERROR, LO.N_CORRECT, LO.ACC_ERROR, LO.ACC_CORRECT)] == [4, 2, 2, 0.5, 0.5]
     assert (other[LO.F1], other[LO.AUROC], other[LO.HIT_RATE], other[LO.RANDOM_HIT_RATE]) == exact(
@@ -114,7 +115,7 @@ def test_job_rows_by_hand(spark, localised):
     strip = lambda r: {k: v for k, v in r.items() if k not in (LO.METRIC, LO.COMPUTED_AT)}  # noqa: E731
     assert strip(got[(OTHER, "roscoe_step")]) == strip(other)
     assert out.combined_from == ["intra_entail", "inter"]
-    assert out.counts == {"read": 11, "evaluated": 8, "quarantined": 2, "not_scored": 1}
+    assert out.counts == {"read": 13, "evaluated": 8, "quarantined": 4, "not_scored": 1}
 
 
 def test_job_predictions_recompute_the_official_figures(spark, localised):
@@ -135,7 +136,10 @@ def test_job_quarantines_unusable_labels(spark, localised):
     settings, _ = localised
     rows = tables.read(spark, settings.table("quarantine")).where(f"{Q.STAGE} = 'localise'")
     assert sorted((r[Q.CHAIN_ID], r[Q.REASON]) for r in rows.collect()) == [
-        ("Q1", "first_error_outside_steps"), ("Q2", "first_error_disagrees")]
+        ("Q1", "first_error_outside_steps"), ("Q2", "first_error_disagrees"), ("Q3", "first_error_not_integer"),
+        ("Q4", "several_first_errors")]
+    detail = {r[Q.CHAIN_ID]: r[Q.DETAIL] for r in rows.collect()}
+    assert detail["Q2"] == "first_error_index 0.0, from step_labels 1.0, 2 steps"
 
 
 def test_markdown_table_prints_percent_and_marks_the_calibration_subset(localised):
