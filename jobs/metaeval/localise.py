@@ -58,13 +58,14 @@ def melt_step_scores(step_scores: DataFrame, metrics: Sequence[str], config_hash
             .select(SS.CHAIN_ID, SS.STEP_IDX, F.col("p.m").alias(METRIC), F.col("p.s").alias(SCORE)))
 
 
-def _reason(label: Column, from_steps: Column, several: Column, n_steps: Column) -> Column:
-    """Why a chain's labels cannot be used, or null."""
-    return (F.when(n_steps.isNull() | (n_steps == 0), F.lit("no_steps"))
+def _reason(given: Column, from_steps: Column, several: Column, n_steps: Column) -> Column:
+    """Why a chain's labels cannot be used, or null: `given` is chains' label, `from_steps` step_labels' one."""
+    label = F.coalesce(given, from_steps)
+    return (F.when(n_steps.isNull(), F.lit("no_steps"))
             .when(several, F.lit("several_first_errors"))
-            .when(label.isNotNull() & (label != F.floor(label)), F.lit("first_error_not_integer"))
-            .when(label.isNotNull() & ((label < -1) | (label >= n_steps)), F.lit("first_error_outside_steps"))
-            .when(label.isNotNull() & from_steps.isNotNull() & (label != from_steps), F.lit("first_error_disagrees")))
+            .when(label != F.floor(label), F.lit("first_error_not_integer"))
+            .when((label < -1) | (label >= n_steps), F.lit("first_error_outside_steps"))
+            .when(given.isNotNull() & from_steps.isNotNull() & (given != from_steps), F.lit("first_error_disagrees")))
 
 
 def labelled_chains(chains: DataFrame, step_labels: DataFrame, datasets: Sequence[str] | None) -> DataFrame:
@@ -236,7 +237,7 @@ def transform(spark: SparkSession, step_scores: DataFrame, chains: DataFrame, st
     metrics = [*cfg.metrics, *baseline_metrics, *([LO.COMBINED] if used else [])]
     evaluation = evaluate(items, metrics, cfg)
     extra = {LO.CONFIG_HASH: config_hash, LO.RUN_ID: run_id}
-    results = spark.createDataFrame([r | extra for r in evaluation.results], _nullable(LO.SCHEMA, LO.COMPUTED_AT))
+    results = spark.createDataFrame([r | extra for r in evaluation.results], _without(LO.SCHEMA, LO.COMPUTED_AT))
     results = results.withColumn(LO.COMPUTED_AT, F.current_timestamp())
     predictions = spark.createDataFrame([p | extra for p in evaluation.predictions], LO.PREDICTIONS_SCHEMA)
     counts = {"read": int(n_read), "evaluated": len(items), "quarantined": int(n_bad),
@@ -244,7 +245,7 @@ def transform(spark: SparkSession, step_scores: DataFrame, chains: DataFrame, st
     return Outcome(tables.conform(results, LO.SCHEMA), predictions, quarantine, counts, evaluation, used)
 
 
-def _nullable(schema: StructType, *names: str) -> StructType:
+def _without(schema: StructType, *names: str) -> StructType:
     """`schema` without `names` (filled in Spark afterwards)."""
     return StructType([f for f in schema.fields if f.name not in names])
 
