@@ -16,7 +16,7 @@ JOB_TABLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "nli_scores": (("steps", "contexts"), ("step_scores", "quarantine")),
     "pvi_scores": (("steps", "contexts"), ("step_scores", "quarantine")),
     "aggregate": (("step_scores",), ("chain_scores",)),
-    "curate": (("chain_scores", "step_scores", "chains"), ("curation", "curated", "rejected")),
+    "curate": (("chain_scores", "step_scores", "chains"), ("curation", "curated", "rejected")),  # step_scores: step_thresholds
     "select_chains": (("chains", "chain_scores"), ()),
     "sample_chains": ((), ("quarantine",)),  # also writes JSONL chains for ingest (sample.output)
     "human_labels": ((), ("chains",)),
