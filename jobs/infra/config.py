@@ -466,6 +466,27 @@ class MetaEvalSettings(Section):
     include_baselines: bool = True
 
 
+class LocaliseSettings(Section):
+    """`python -m jobs.metaeval.localise`: ProcessBench's earliest-error localisation of every step score
+    (docs/META_EVAL.md "Step-level localisation")."""
+
+    # The subset whose F1-best threshold every subset is evaluated with (the paper's protocol: GSM8K).
+    calibration: str = "processbench_gsm8k"
+    # step_scores metrics evaluated (each higher-is-better; a step is flagged when it scores below the threshold).
+    metrics: list[str] = Field(default_factory=lambda: ["intra_entail", "inter", "intra_pvi", "info_gain"])
+    # The combination `receval_rank_min`: these metrics rank-normalised over the calibration subset's steps, then
+    # the per-step min. [] = no combination.
+    combine: list[str] = Field(default_factory=lambda: ["intra_entail", "inter", "intra_pvi", "info_gain"])
+    # Per-step baseline scores (a lake table of chain_id, step_idx, metric, score, higher-is-better) evaluated
+    # beside them; None: none (no per-step ROSCOE table exists yet).
+    step_baselines: str | None = None
+    datasets: list[str] | None = None  # None: every dataset whose chains carry a first_error_index label
+    config_hash: str | None = None  # None: Settings.scoring_hash(), the step scores of the current configuration
+    bootstrap_resamples: int = Field(1000, ge=0)
+    seed: int = 0
+    ci_level: float = Field(0.95, gt=0, lt=1)
+
+
 class HumanLabelSettings(Section):
     """Annotated CSV in ROSCOE's shape -> `chains` with labels; every column name comes from here."""
 
@@ -575,6 +596,11 @@ class CurationSettings(Section):
     require_api_k: int | None = Field(None, ge=1)
     max_steps: int | None = Field(None, ge=1)
     histogram_bins: int = Field(20, ge=2)
+    # step_scores metric -> threshold (e.g. one `python -m jobs.metaeval.localise` calibrated): every decided
+    # chain carries its first flagged step, the first step scoring below the threshold of any metric here, and
+    # that metric (curation.first_flagged_step / _metric; -1 = none flagged). A label, not a rule: no chain
+    # passes or fails by it. Empty: no flags (null), and the rules hash of the rules before it.
+    step_thresholds: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("quantiles")
     @classmethod
@@ -587,6 +613,8 @@ class CurationSettings(Section):
     def rules_hash(self) -> str:
         """Hash of the rules (not the reporting options): new rules curate every chain again."""
         keyed = self.model_dump(exclude={"histogram_bins"})
+        if not keyed["step_thresholds"]:
+            del keyed["step_thresholds"]  # chains decided before the setting existed keep their rules hash
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -807,6 +835,7 @@ class Settings(Section):
     aggregate: AggregateSettings = AggregateSettings()
     perturb: PerturbSettings = PerturbSettings()
     meta_eval: MetaEvalSettings = MetaEvalSettings()
+    localise: LocaliseSettings = LocaliseSettings()
     human_labels: HumanLabelSettings = HumanLabelSettings()
     baselines: BaselineSettings = BaselineSettings()
     select: SelectSettings = SelectSettings()

@@ -16,13 +16,14 @@ JOB_TABLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "nli_scores": (("steps", "contexts"), ("step_scores", "quarantine")),
     "pvi_scores": (("steps", "contexts"), ("step_scores", "quarantine")),
     "aggregate": (("step_scores",), ("chain_scores",)),
-    "curate": (("chain_scores", "chains"), ("curation", "curated", "rejected")),
+    "curate": (("chain_scores", "step_scores", "chains"), ("curation", "curated", "rejected")),  # step_scores: step_thresholds
     "select_chains": (("chains", "chain_scores"), ()),
     "sample_chains": ((), ("quarantine",)),  # also writes JSONL chains for ingest (sample.output)
     "human_labels": ((), ("chains",)),
     "perturb": ((), ("chains",)),
     "baselines": (("chains",), ("baseline_scores",)),
     "meta_eval": (("chain_scores", "chains", "baseline_scores"), ("meta_eval",)),
+    "localise": (("step_scores", "chains", "step_labels"), ("localisation", "localisation_predictions", "quarantine")),
     "cot_eval": ((), ("cot_predictions", "cot_metrics")),
     "export": (("curated", "rejected", "chains"), ()),
     "maintain": ((), ()),

@@ -1,5 +1,9 @@
 """`chain_scores` -> `curation` (every decision) -> `curated` (passed) and `rejected` (with the failed rules).
 
+With `curation.step_thresholds` (per-metric thresholds, e.g. calibrated by `python -m jobs.metaeval.localise`),
+`step_scores` too: every decision carries the chain's first flagged step and the metric that flagged it, the
+form process-reward data is curated in.
+
 Decisions are written to `curation` in one MERGE first and copied to `curated`/`rejected` from there, so a
 run killed between the two copies finishes from the stored decisions: quantile bounds computed "over the
 run" are never recomputed over a smaller set.
@@ -24,6 +28,7 @@ from jobs.infra.tracking import JobRun, job
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import curation as CU
+from schemas import step_scores as SS
 
 logger = logging.getLogger(__spec__.name)
 
@@ -105,8 +110,33 @@ def rules(cfg: CurationSettings, bounds: dict[str, float | None] | None = None) 
     return out
 
 
-def decide(chain_scores: DataFrame, rule_list: list[Rule], rules_hash: str, run_id: str | None = None) -> DataFrame:
-    """chain_scores rows -> `curation` rows: passed, and the ids of the rules each chain failed. Pure."""
+def step_flags(step_scores: DataFrame, thresholds: dict[str, float]) -> DataFrame:
+    """step_scores rows (one config hash) -> (chain_id, first_flagged_step, first_flagged_metric): the first step
+    scoring strictly below the threshold of any metric in `thresholds` (-1 and null when none is), as
+    jobs.metaeval.localise predicts the earliest error. A null score flags nothing (udfs.localise.predicted_error).
+    Spark-native: one aggregation, the earliest flagged (step, metric) as the min of a struct."""
+    unknown = sorted(set(thresholds) - set(SS.METRICS))
+    if unknown:
+        raise ValueError(f"curation.step_thresholds: {unknown} are not step_scores metrics ({sorted(SS.METRICS)})")
+    # The first metric in name order below its threshold at this step (coalesce keeps the first non-null).
+    metric = F.coalesce(*[F.when(F.col(m) < F.lit(float(t)), F.lit(m)) for m, t in sorted(thresholds.items())])
+    first = F.min(F.when(metric.isNotNull(), F.struct(F.col(SS.STEP_IDX).alias("i"), metric.alias("m"))))
+    return step_scores.groupBy(SS.CHAIN_ID).agg(first.alias("f")).select(
+        SS.CHAIN_ID,
+        F.coalesce(F.col("f.i"), F.lit(-1)).cast("int").alias(CU.FIRST_FLAGGED_STEP),
+        F.col("f.m").alias(CU.FIRST_FLAGGED_METRIC),
+    )
+
+
+def decide(chain_scores: DataFrame, rule_list: list[Rule], rules_hash: str, run_id: str | None = None,
+           flags: DataFrame | None = None) -> DataFrame:
+    """chain_scores rows -> `curation` rows: passed, and the ids of the rules each chain failed; with `flags`
+    (`step_flags`), each chain's first flagged step (null for a chain without step scores). Pure."""
+    if flags is not None:
+        chain_scores = chain_scores.join(flags, CU.CHAIN_ID, "left")
+    else:
+        chain_scores = chain_scores.withColumn(CU.FIRST_FLAGGED_STEP, F.lit(None).cast("int")).withColumn(
+            CU.FIRST_FLAGGED_METRIC, F.lit(None).cast("string"))
     failed = (
         F.filter(F.array(*[F.when(~r.passes(), F.lit(r.id)) for r in rule_list]), lambda x: x.isNotNull())
         if rule_list
@@ -127,9 +157,12 @@ def transform(
     cfg: CurationSettings,
     bounds: dict[str, float | None] | None = None,
     run_id: str | None = None,
+    step_scores: DataFrame | None = None,
 ) -> tuple[DataFrame, DataFrame]:
-    """chain_scores -> (curated rows, rejected rows). Quantile bounds come resolved (see `quantile_bounds`)."""
-    decisions = decide(chain_scores, rules(cfg, bounds), cfg.rules_hash(), run_id)
+    """chain_scores -> (curated rows, rejected rows). Quantile bounds come resolved (see `quantile_bounds`);
+    `step_scores` (same config hash) give the first flagged steps when `cfg.step_thresholds` is set."""
+    flags = step_flags(step_scores, cfg.step_thresholds) if cfg.step_thresholds and step_scores is not None else None
+    decisions = decide(chain_scores, rules(cfg, bounds), cfg.rules_hash(), run_id, flags)
     return split(decisions)
 
 
@@ -261,7 +294,12 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> C
             k: None for k in cfg.quantiles
         }
         rule_list = rules(cfg, bounds)
-        decisions = hold(decide(batch, rule_list, rules_hash, run_id))
+        flags = None
+        if cfg.step_thresholds:
+            steps = tables.read(spark, settings.table("step_scores"), SS.SCHEMA).where(
+                F.col(SS.CONFIG_HASH) == config_hash)
+            flags = step_flags(steps.join(batch.select(CU.CHAIN_ID), SS.CHAIN_ID, "left_semi"), cfg.step_thresholds)
+        decisions = hold(decide(batch, rule_list, rules_hash, run_id, flags))
         n_new = tables.insert_new(spark, decisions, decisions_path, DECISION_SCHEMA, CU.KEYS) if n_batch else 0
         # Copy every stored decision not yet in curated/rejected: also finishes a run killed after the MERGE above.
         stored = tables.read(spark, decisions_path, DECISION_SCHEMA).where(

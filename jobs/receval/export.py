@@ -37,19 +37,24 @@ TEXT = [C.DATASET, C.QUESTION_ID, C.QUESTION, C.CONTEXT, C.STEPS, C.CHAIN_TEXT, 
 
 def transform(selected: DataFrame, chains: DataFrame, cfg: ExportSettings, config_hash: str) -> DataFrame:
     """One row per selected chain under `config_hash`: id, text, every chain score, the failed rules (empty for
-    curated chains), and which run and rules decided it. Filtered by `cfg.datasets` and `cfg.run_id`."""
+    curated chains), the first flagged step and its metric (curation.step_thresholds), and which run and rules
+    decided it. Filtered by `cfg.datasets` and `cfg.run_id`."""
     chosen = selected.where(F.col(CU.CONFIG_HASH) == config_hash)
     if cfg.run_id:
         chosen = chosen.where(F.col(CU.RUN_ID) == cfg.run_id)
     if CU.FAILED_RULES not in chosen.columns:
         chosen = chosen.withColumn(CU.FAILED_RULES, F.array().cast("array<string>"))
+    for name, kind in ((CU.FIRST_FLAGGED_STEP, "int"), (CU.FIRST_FLAGGED_METRIC, "string")):
+        if name not in chosen.columns:  # a table curated before the flags existed
+            chosen = chosen.withColumn(name, F.lit(None).cast(kind))
     text = chains.select(C.CHAIN_ID, *TEXT)
     if cfg.datasets:
         text = text.where(F.col(C.DATASET).isin(cfg.datasets))
-    scores = [c for c in chosen.columns if c not in (CU.CHAIN_ID, CU.FAILED_RULES, CU.RUN_ID, CU.CONFIG_HASH,
+    reasons = [CU.FAILED_RULES, CU.FIRST_FLAGGED_STEP, CU.FIRST_FLAGGED_METRIC]
+    scores = [c for c in chosen.columns if c not in (CU.CHAIN_ID, *reasons, CU.RUN_ID, CU.CONFIG_HASH,
                                                       CU.RULES_HASH, CU.CURATED_AT)]
     return chosen.join(text, CU.CHAIN_ID).select(
-        CU.CHAIN_ID, *TEXT, *scores, CU.FAILED_RULES, CU.RUN_ID, CU.CONFIG_HASH, CU.RULES_HASH, CU.CURATED_AT
+        CU.CHAIN_ID, *TEXT, *scores, *reasons, CU.RUN_ID, CU.CONFIG_HASH, CU.RULES_HASH, CU.CURATED_AT
     )
 
 

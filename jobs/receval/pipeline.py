@@ -441,7 +441,9 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
             )
     if "curate" in wanted:
         plan.append(
-            ("curate", ("chain_scores",), ("curation", "curated", "rejected"), lambda r, t: _curate(ctx, r, summary))
+            # step_scores only with curation.step_thresholds (the first flagged steps).
+            ("curate", ("chain_scores", *(("step_scores",) if settings.curation.step_thresholds else ())),
+             ("curation", "curated", "rejected"), lambda r, t: _curate(ctx, r, summary))
         )
 
     for table, v in summary.versions_before.items():

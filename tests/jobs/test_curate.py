@@ -19,6 +19,7 @@ from jobs.receval import curate
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import curation as CU
+from schemas import step_scores as SS
 
 RULES = [
     "curation.thresholds={intra_entail: 0.5}",
@@ -26,6 +27,9 @@ RULES = [
     "curation.require_api_k=2",
     "curation.max_steps=10",
 ]
+# Night one's rules (and those of the tests going on from its lake): RULES plus step thresholds, a label beside
+# the rules (the split, counts and pass rates are RULES' own).
+NIGHT = [*RULES, "curation.step_thresholds={intra_entail: 0.3, inter: 0.5}"]
 T, Q, A, M = "threshold:intra_entail_min>=0.5", "quantile:inter_min>=q0.5", "api_k:api_2", "max_steps:n_steps<=10"
 # chain -> (intra_entail_min, inter_min, api_2, n_steps). inter_min's median over the five is 0.7.
 SCORES = {
@@ -36,6 +40,15 @@ SCORES = {
     "c5": (None, 0.9, None, 2),
 }
 EXPECTED_FAILED = {"c1": [], "c2": [T], "c3": [Q, A], "c4": [Q, M], "c5": [T, A]}
+# chain -> its steps' (intra_entail, inter); c5 has none. Step thresholds intra_entail 0.3, inter 0.5.
+STEPS = {
+    "c1": [(0.9, 0.8), (0.8, 0.4), (0.1, 0.9)],  # inter flags step 1 before intra_entail flags step 2
+    "c2": [(0.2, 0.3)],  # both below at step 0: the first in name order, inter
+    "c3": [(0.9, 0.9), (None, 0.6)],  # a null score flags nothing: none flagged (-1)
+    "c4": [(0.5, 0.9), (0.25, 0.7)],
+}
+EXPECTED_FLAGS = {"c1": (1, "inter"), "c2": (0, "inter"), "c3": (-1, None), "c4": (1, "intra_entail"),
+                  "c5": (None, None)}
 
 
 def _scores(spark, config_hash: str, scores=SCORES):
@@ -144,16 +157,22 @@ def scored(spark, tmp_path_factory) -> Path:
     """A lake holding the hand-built chain_scores and chains only (`_setup`; curation settings do not enter the
     scoring hash): the curate runs below start from copies of it."""
     folder = tmp_path_factory.mktemp("scored")
-    _setup(spark, folder_settings(folder))
+    settings = folder_settings(folder)
+    _setup(spark, settings)
+    steps = [{**{f.name: None for f in SS.SCHEMA.fields}, SS.CHAIN_ID: cid, SS.STEP_IDX: i,
+              SS.CONFIG_HASH: settings.scoring_hash(), SS.INTRA_ENTAIL: ie, SS.INTER: inter}
+             for cid, rows in STEPS.items() for i, (ie, inter) in enumerate(rows)]
+    steps.append({**steps[0], SS.CONFIG_HASH: "other", SS.INTER: 0.0})  # another configuration's: never read
+    spark.createDataFrame(steps, SS.SCHEMA).write.format("delta").save(settings.table("step_scores"))
     return folder / "lake"
 
 
 @pytest.fixture(scope="module")
 def night_one(spark, scored, tmp_path_factory) -> NightOne:
-    """One curate run (RULES) over the hand-built scores; tests read it, or copy its lake and go on from it."""
+    """One curate run (NIGHT) over the hand-built scores; tests read it, or copy its lake and go on from it."""
     folder = tmp_path_factory.mktemp("curate")
     shutil.copytree(scored, folder / "lake")
-    settings = folder_settings(folder, *RULES)
+    settings = folder_settings(folder, *NIGHT)
     return NightOne(settings, curate.run(spark, settings, run_id="run-1"))
 
 
@@ -180,8 +199,24 @@ def test_run_tables_counts_pass_rates_and_labels(spark, night_one):
     assert all(png.startswith(b"\x89PNG") for png in result.histograms.values())
 
 
+def test_run_first_flagged_step_in_every_table(spark, night_one):
+    for name in ("curation", "curated", "rejected"):
+        rows = tables.read(spark, night_one.settings.table(name)).collect()
+        assert {r[CU.CHAIN_ID]: (r[CU.FIRST_FLAGGED_STEP], r[CU.FIRST_FLAGGED_METRIC]) for r in rows} == {
+            c: f for c, f in EXPECTED_FLAGS.items() if name == "curation" or (c == "c1") == (name == "curated")}
+
+
+def test_step_thresholds_unset_keep_the_rules_hash_and_unknown_metrics_fail(make_settings):
+    # The hashes of the rules before step thresholds existed (main at 02221db): chains decided then stay decided.
+    assert make_settings().curation.rules_hash() == "7569bb4a30709919"
+    assert make_settings(*RULES[:1], *RULES[3:4]).curation.rules_hash() == "b1d0fcff78416a2c"
+    assert make_settings(*RULES[:1], *RULES[3:4], NIGHT[-1]).curation.rules_hash() != "b1d0fcff78416a2c"
+    with pytest.raises(ValueError, match=r"\['intra'\] are not step_scores metrics"):
+        curate.step_flags(None, {"intra": 0.5})
+
+
 def test_run_twice_adds_nothing(spark, night_one, make_settings, lake):
-    settings = _copy_of(night_one.lake, lake, make_settings, *RULES)
+    settings = _copy_of(night_one.lake, lake, make_settings, *NIGHT)
     versions = {n: tables.version(spark, settings.table(n)) for n in ("curation", "curated", "rejected")}
     again = curate.run(spark, settings, run_id="run-2")
     assert again.counts["batch"] == 0 and again.counts["curated"] == 0 and again.counts["rejected"] == 0
@@ -212,7 +247,7 @@ def test_run_killed_after_decisions_finishes_from_stored_decisions(spark, scored
 
 
 def test_run_new_rules_curate_again_under_new_rules_hash(spark, night_one, make_settings, lake):
-    settings = _copy_of(night_one.lake, lake, make_settings, *RULES)
+    settings = _copy_of(night_one.lake, lake, make_settings, *NIGHT)
     looser = make_settings("curation.thresholds={intra_entail: 0.1}")
     result = curate.run(spark, looser, run_id="run-2")
     assert result.counts["batch"] == 5
@@ -239,7 +274,7 @@ def test_run_quantile_reference_table(spark, scored, lake, make_settings, tmp_pa
 
 def test_change_feed_of_curated_returns_only_the_new_nights_rows(spark, night_one, make_settings, lake):
     """A downstream reader of `curated`/`rejected` takes what a night added from the Delta change data feed."""
-    settings = _copy_of(night_one.lake, lake, make_settings, *RULES)
+    settings = _copy_of(night_one.lake, lake, make_settings, *NIGHT)
     after_night_1 = {n: tables.version(spark, settings.table(n)) for n in ("curated", "rejected")}
     night_2 = {"c6": (0.95, 0.9, True, 3), "c7": (0.1, 0.9, True, 3), "c8": (0.8, 0.95, True, 4)}
     tables.insert_new(spark, _scores(spark, settings.scoring_hash(), night_2), settings.table("chain_scores"),

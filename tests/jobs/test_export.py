@@ -36,6 +36,8 @@ def _decided(spark, schema, rows):
                     CS.min_col("intra_entail"): score, CU.RUN_ID: run, CU.CURATED_AT: WHEN})
         if CU.FAILED_RULES in row:
             row[CU.FAILED_RULES] = failed
+        if cid == "g1":  # curated with step thresholds set: inter flagged its step 1
+            row.update({CU.FIRST_FLAGGED_STEP: 1, CU.FIRST_FLAGGED_METRIC: "inter"})
         out.append(row)
     return spark.createDataFrame(out, schema)
 
@@ -64,8 +66,10 @@ def test_transform_joins_text_scores_reasons_and_filters(spark, lake_with_decisi
     settings = lake_with_decisions
     got = _export(spark, settings)
     assert got.columns[:10] == [CU.CHAIN_ID, *export.TEXT]
-    assert {r[CU.CHAIN_ID]: (r[C.DATASET], r[C.QUESTION], r[CS.min_col("intra_entail")], r[CU.FAILED_RULES])
-            for r in got.collect()} == {"g1": ("gsm8k", "Q of g1?", 0.9, []), "e1": ("eb", "Q of e1?", 0.8, [])}
+    assert got.columns[-7:-4] == [CU.FAILED_RULES, CU.FIRST_FLAGGED_STEP, CU.FIRST_FLAGGED_METRIC]
+    assert {r[CU.CHAIN_ID]: (r[C.DATASET], r[C.QUESTION], r[CS.min_col("intra_entail")], r[CU.FAILED_RULES],
+                             r[CU.FIRST_FLAGGED_STEP], r[CU.FIRST_FLAGGED_METRIC]) for r in got.collect()} == {
+        "g1": ("gsm8k", "Q of g1?", 0.9, [], 1, "inter"), "e1": ("eb", "Q of e1?", 0.8, [], None, None)}
     only_gsm = _export(spark, settings, datasets=["gsm8k"]).select(CU.CHAIN_ID, CU.RUN_ID)
     assert [tuple(r) for r in only_gsm.collect()] == [("g1", "night-1")]
     assert [r[0] for r in _export(spark, settings, run_id="night-2").select(CU.CHAIN_ID).collect()] == ["e1"]
