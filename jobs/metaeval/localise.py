@@ -30,6 +30,7 @@ from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, 
 from jobs.infra import tables
 from jobs.infra.config import LocaliseSettings, Settings
 from jobs.infra.tracking import job
+from jobs.metaeval.meta_eval import melt
 from schemas import chains as C
 from schemas import localisation as LO
 from schemas import step_labels as SL
@@ -52,10 +53,7 @@ def melt_step_scores(step_scores: DataFrame, metrics: Sequence[str], config_hash
     unknown = sorted(set(metrics) - set(SS.METRICS))
     if unknown:
         raise ValueError(f"localise.metrics: {unknown} are not step_scores metrics ({sorted(SS.METRICS)})")
-    pairs = F.array(*[F.struct(F.lit(m).alias("m"), F.col(m).cast("double").alias("s")) for m in metrics])
-    return (step_scores.where(F.col(SS.CONFIG_HASH) == config_hash)
-            .select(SS.CHAIN_ID, SS.STEP_IDX, F.explode(pairs).alias("p"))
-            .select(SS.CHAIN_ID, SS.STEP_IDX, F.col("p.m").alias(METRIC), F.col("p.s").alias(SCORE)))
+    return melt(step_scores.where(F.col(SS.CONFIG_HASH) == config_hash), [SS.CHAIN_ID, SS.STEP_IDX], metrics)
 
 
 def _reason(given: Column, from_steps: Column, several: Column, n_steps: Column) -> Column:

@@ -48,16 +48,21 @@ _RESULT = StructType(
 )
 
 
+def melt(wide: DataFrame, keys: Sequence[str], metrics: Sequence[str]) -> DataFrame:
+    """One column per metric -> (*keys, metric, score as double), a row per key and metric; no metric: no rows
+    (DataFrame.unpivot refuses an empty list, and meta-evaluating baselines alone passes one)."""
+    pairs = F.array(*[F.struct(F.lit(m).alias("m"), F.col(m).cast("double").alias("s")) for m in metrics])
+    return wide.select(*keys, F.explode(pairs).alias("p")).select(
+        *keys, F.col("p.m").alias(M.METRIC), F.col("p.s").alias(SCORE)
+    )
+
+
 def melt_chain_scores(chain_scores: DataFrame, metrics: Sequence[str], config_hash: str) -> DataFrame:
     """chain_scores (one config hash) -> (chain_id, metric, score); booleans (API_k) count as 0/1."""
     unknown = sorted(set(metrics) - set(CS.SCHEMA.fieldNames()))
     if unknown:
         raise ValueError(f"meta_eval.metrics: {unknown} are not chain_scores columns")
-    rows = chain_scores.where(F.col(CS.CONFIG_HASH) == config_hash)
-    pairs = F.array(*[F.struct(F.lit(m).alias("m"), F.col(m).cast("double").alias("s")) for m in metrics])
-    return rows.select(CS.CHAIN_ID, F.explode(pairs).alias("p")).select(
-        CS.CHAIN_ID, F.col("p.m").alias(M.METRIC), F.col("p.s").alias(SCORE)
-    )
+    return melt(chain_scores.where(F.col(CS.CONFIG_HASH) == config_hash), [CS.CHAIN_ID], metrics)
 
 
 def long_frame(scores: DataFrame, chains: DataFrame, datasets: Sequence[str] | None = None) -> DataFrame:
