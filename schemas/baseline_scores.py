@@ -1,4 +1,5 @@
-"""`baseline_scores`: ROSCOE (SA, SS, LI, REP) and ROUGE-2 chain scores, long format, keyed by chain and metric.
+"""`baseline_scores`: ROSCOE (SA, SS, LI, REP) and ROUGE-2 chain scores, long format, keyed by chain and metric;
+`step_baseline_scores`: the per-step forms of five of them (STEP_METRICS), keyed by chain, step and metric.
 
 Every score is higher-is-better in [0, 1]. align(a, b) = (1 + cos(a, b)) / 2 on MiniLM embeddings; x = context
 sentences, h = chain steps, r = gold steps. Definitions follow ROSCOE (Golovneva et al., 2023) and its
@@ -7,9 +8,10 @@ sentences, h = chain steps, r = gold steps. Definitions follow ROSCOE (Golovneva
 
 from __future__ import annotations
 
-from pyspark.sql.types import DoubleType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, StructType, TimestampType
 
 CHAIN_ID = "chain_id"
+STEP_IDX = "step_idx"  # 0-based position in chains.steps (the steps job's step_idx for chains given as steps)
 METRIC = "metric"
 SCORE = "score"
 MODEL = "model"  # embedding model, NLI model or "rouge-score", whichever produced the score
@@ -24,6 +26,18 @@ SCHEMA = StructType(
         StructField(COMPUTED_AT, TimestampType(), True),
     ]
 )
+
+STEP_SCHEMA = StructType(
+    [
+        StructField(CHAIN_ID, StringType(), False),
+        StructField(STEP_IDX, IntegerType(), False),
+        StructField(METRIC, StringType(), False),
+        StructField(SCORE, DoubleType(), True),
+        StructField(MODEL, StringType(), True),
+        StructField(COMPUTED_AT, TimestampType(), True),
+    ]
+)
+STEP_KEYS = [CHAIN_ID, STEP_IDX, METRIC]
 
 # metric -> (definition, direction)
 METRICS: dict[str, tuple[str, str]] = {
@@ -66,4 +80,17 @@ GROUPS: dict[str, list[str]] = {
     "ROSCOE-SS": [m for m in METRICS if m.startswith("roscoe_ss_")],
     "ROSCOE-LI": [m for m in METRICS if m.startswith("roscoe_li_")],
     "ROSCOE-REP": ["roscoe_sa_repetition_token", "roscoe_ss_repetition_step"],
+}
+
+# Per-step forms (baselines.per_step): metric -> (the value of step t, how the chain score above aggregates it).
+# Every one is higher-is-better, so localisation flags a step scoring below a threshold like any step score.
+STEP_METRICS: dict[str, tuple[str, str]] = {
+    "roscoe_sa_faithfulness_step": ("max_j align(h_t, x_j); absent without context", "mean over steps"),
+    "roscoe_sa_repetition_token": (
+        "1 - max_{k<t} mean over tokens of h_t of max align to tokens of h_k; 1 for the first step", "min over steps"
+    ),
+    "roscoe_ss_repetition_step": ("(1 - max_{k<t} align(h_t, h_k)) / 2; 0.5 for the first step", "min over steps"),
+    "roscoe_li_source_consistency": ("1 - max_j P_contradiction(premise x_j, hypothesis h_t)", "min over steps"),
+    "roscoe_li_self_consistency": ("1 - max_{i<t} P_contradiction(premise h_i, hypothesis h_t); 1 for the first step",
+                                   "min over steps"),
 }

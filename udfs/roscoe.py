@@ -35,9 +35,10 @@ def _mean(values: np.ndarray) -> float:
     return float(values.mean()) if len(values) else 0.0
 
 
-def repetition(items: Sequence[np.ndarray], tokens: bool) -> float:
-    """max over steps t of the alignment to its most similar earlier step (token-level: mean token alignment)."""
-    best = 0.0
+def earlier_repetition(items: Sequence[np.ndarray], tokens: bool) -> np.ndarray:
+    """Per step t, its alignment to its most similar earlier step (token-level: mean token alignment); 0 for the
+    first step and for a step with nothing to compare (an empty token list)."""
+    best = np.zeros(len(items))
     for t in range(1, len(items)):
         for k in range(t):
             if len(items[t]) == 0 or len(items[k]) == 0:
@@ -46,8 +47,13 @@ def repetition(items: Sequence[np.ndarray], tokens: bool) -> float:
                 value = _mean(alignment(items[t], items[k]))
             else:
                 value = float(align_matrix(items[t][None, :], items[k][None, :])[0, 0])
-            best = max(best, value)
+            best[t] = max(best[t], value)
     return best
+
+
+def repetition(items: Sequence[np.ndarray], tokens: bool) -> float:
+    """max over steps t of the alignment to its most similar earlier step (token-level: mean token alignment)."""
+    return float(earlier_repetition(items, tokens).max(initial=0.0))
 
 
 @dataclass(frozen=True)
@@ -97,16 +103,60 @@ def embedding_scores(e: ChainEmbeddings, reference_based: bool) -> dict[str, flo
     return scores
 
 
-def nli_scores(steps: Sequence[str], context: Sequence[str], contradict: ContradictFn) -> dict[str, float]:
-    """ROSCOE-LI: source consistency (every context sentence vs every step) and self consistency (i < j)."""
+# Per-step forms of the reference-free scores whose chain value is a mean or min over steps (ROSCOE's step-level
+# view: each chain score aggregates one value per step). The chain value is the aggregation named here of the
+# per-step values; schemas/baseline_scores.STEP_METRICS defines them.
+STEP_AGGREGATION: dict[str, str] = {
+    "roscoe_sa_faithfulness_step": "mean",
+    "roscoe_sa_repetition_token": "min",
+    "roscoe_ss_repetition_step": "min",
+    "roscoe_li_source_consistency": "min",
+    "roscoe_li_self_consistency": "min",
+}
+
+
+def step_embedding_scores(e: ChainEmbeddings) -> dict[str, np.ndarray]:
+    """One value per step, higher-is-better: how faithful step t is to the context (max alignment to a context
+    sentence; absent without context) and how little it repeats an earlier step (1.0 / 0.5 for the first)."""
+    scores = {
+        "roscoe_sa_repetition_token": 1.0 - earlier_repetition(e.step_tokens, tokens=True),
+        "roscoe_ss_repetition_step": (1.0 - earlier_repetition(list(e.steps), tokens=False)) / 2.0,
+    }
+    if len(e.context):
+        scores["roscoe_sa_faithfulness_step"] = alignment(e.steps, e.context)
+    return scores
+
+
+def step_nli_scores(steps: Sequence[str], context: Sequence[str], contradict: ContradictFn) -> dict[str, np.ndarray]:
+    """Per step t: 1 - max P_contradiction(x_j, h_t) over context sentences (source consistency) and 1 - max
+    P_contradiction(h_i, h_t) over earlier steps i < t (self consistency); 1.0 where there is nothing to compare."""
     src = [(x, h) for h in steps for x in context]
     own = [(steps[i], steps[j]) for j in range(len(steps)) for i in range(j)]
     pairs = src + own
     probs = np.asarray(contradict([p for p, _ in pairs], [h for _, h in pairs]), dtype=float) if pairs else np.zeros(0)
-    src_p, own_p = probs[: len(src)], probs[len(src) :]
+    n, m = len(steps), len(context)
+    source = 1.0 - probs[: len(src)].reshape(n, m).max(axis=1, initial=0.0)
+    own_p = probs[len(src) :]
+    self_ = np.ones(n)
+    at = 0
+    for j in range(1, n):  # `own` lists, for each step j, its earlier steps i = 0..j-1
+        self_[j] = 1.0 - own_p[at : at + j].max()
+        at += j
+    return {"roscoe_li_source_consistency": source, "roscoe_li_self_consistency": self_}
+
+
+def nli_scores(steps: Sequence[str], context: Sequence[str], contradict: ContradictFn) -> dict[str, float]:
+    """ROSCOE-LI: source consistency (every context sentence vs every step) and self consistency (i < j): the
+    minimum over steps of their per-step forms, from one contradiction call over all pairs."""
+    return chain_scores(step_nli_scores(steps, context, contradict))
+
+
+def chain_scores(per_step: dict[str, np.ndarray]) -> dict[str, float]:
+    """Per-step values -> the chain's values (STEP_AGGREGATION); no steps: the best value (1.0), or 0.0 for a
+    mean, as the chain formulas give."""
     return {
-        "roscoe_li_source_consistency": 1.0 - float(src_p.max()) if len(src_p) else 1.0,
-        "roscoe_li_self_consistency": 1.0 - float(own_p.max()) if len(own_p) else 1.0,
+        metric: _mean(values) if STEP_AGGREGATION[metric] == "mean" else float(values.min(initial=1.0))
+        for metric, values in per_step.items()
     }
 
 

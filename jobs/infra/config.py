@@ -478,7 +478,7 @@ class LocaliseSettings(Section):
     # the per-step min. [] = no combination.
     combine: list[str] = Field(default_factory=lambda: ["intra_entail", "inter", "intra_pvi", "info_gain"])
     # Per-step baseline scores (a lake table of chain_id, step_idx, metric, score, higher-is-better) evaluated
-    # beside them; None: none (no per-step ROSCOE table exists yet).
+    # beside them, e.g. `step_baseline_scores` (the baselines job with baselines.per_step); None: none.
     step_baselines: str | None = None
     datasets: list[str] | None = None  # None: every dataset whose chains carry a first_error_index label
     config_hash: str | None = None  # None: Settings.scoring_hash(), the step scores of the current configuration
@@ -529,6 +529,9 @@ class BaselineSettings(Section):
 
     groups: list[Literal["sa", "ss", "li", "rouge"]] = Field(default_factory=lambda: ["sa", "ss", "li", "rouge"])
     reference_based: bool = False  # ROSCOE's reference-based SA/SS scores too (needs gold_steps)
+    # The per-step forms of the five scores that are a mean or min over steps, into `step_baseline_scores`
+    # (localisation evaluates them: localise.step_baselines=step_baseline_scores). Chains given as steps only.
+    per_step: bool = False
     batch_size: int = Field(64, ge=1)
     max_length: int = Field(256, ge=8)
     datasets: list[str] | None = None

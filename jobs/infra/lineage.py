@@ -21,7 +21,7 @@ JOB_TABLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "sample_chains": ((), ("quarantine",)),  # also writes JSONL chains for ingest (sample.output)
     "human_labels": ((), ("chains",)),
     "perturb": ((), ("chains",)),
-    "baselines": (("chains",), ("baseline_scores",)),
+    "baselines": (("chains",), ("baseline_scores", "step_baseline_scores")),  # the second with baselines.per_step
     "meta_eval": (("chain_scores", "chains", "baseline_scores"), ("meta_eval",)),
     "localise": (("step_scores", "chains", "step_labels"), ("localisation", "localisation_predictions", "quarantine")),
     "cot_eval": ((), ("cot_predictions", "cot_metrics")),

@@ -34,7 +34,8 @@ log = logging.getLogger(__spec__.name)
 # Every table a job writes (the pipeline's, meta-evaluation's, CoT evaluation's).
 TABLES = [
     "chains", "quarantine", "input_files", "steps", "contexts", "step_scores", "chain_scores", "unscored",
-    "curation", "curated", "rejected", "baseline_scores", "meta_eval", "localisation", "localisation_predictions",
+    "curation", "curated", "rejected", "baseline_scores", "step_baseline_scores", "meta_eval", "localisation",
+    "localisation_predictions",
     "cot_predictions", "cot_metrics",
 ]
 STATE = "_maintenance.json"  # nights since the last maintenance, next to the tables

@@ -55,21 +55,46 @@ def test_score_batch_metrics_and_steps_from_text():
     # (7 bigrams); shared: tom-ha, ha-2, 2-cat, cat-so, so-tom = 5 -> F1 = 2 * 5 / (9 + 7).
     assert c1["rouge2"] == exact(10 / 16)
     assert set(out.model) == {"emb", "nli", "rouge-score"}
+    assert out.step_idx.isna().all()  # per-step forms only when asked
+
+
+def test_score_batch_per_step_rows_for_chains_given_as_steps():
+    pdf = pd.DataFrame([{k: c.get(k) for k in (C.CHAIN_ID, C.CONTEXT, C.STEPS, C.CHAIN_TEXT, C.GOLD_STEPS)}
+                        for c in CHAINS])
+    args = (["sa", "ss", "li", "rouge"], False, BL._sentencizer(), FakeEmbedder(), fake_contradict,
+            {"embedding": "emb", "nli": "nli"})
+    out = BL.score_batch(pdf, *args, per_step=True)
+    chain_rows = out[out.step_idx.isna()].reset_index(drop=True)
+    pd.testing.assert_frame_equal(chain_rows, BL.score_batch(pdf, *args))  # chain scores unchanged
+    steps = out[out.step_idx.notna()]
+    by_chain = steps.groupby("chain_id")["metric"].apply(set).to_dict()
+    # c2 was split from its text here: no step index the lake shares. c3 has no context: LI only.
+    assert by_chain == {"c1": set(B.STEP_METRICS), "c3": {"roscoe_li_source_consistency", "roscoe_li_self_consistency"}}
+    c1 = steps[steps.chain_id == "c1"].set_index(["metric", "step_idx"])["score"]
+    # Step 1 "So Tom does not have cats." is contradicted (0.8) by the context and by step 0; step 0 by nothing (0.05).
+    assert [c1[("roscoe_li_source_consistency", t)] for t in (0, 1)] == exact([0.95, 0.2])
+    assert [c1[("roscoe_li_self_consistency", t)] for t in (0, 1)] == exact([1.0, 0.2])
+    assert c1[("roscoe_ss_repetition_step", 0)] == exact(0.5)
 
 
 def test_transform_matches_score_batch(spark, make_settings):
-    settings = make_settings("baselines.reference_based=true")
+    settings = make_settings("baselines.reference_based=true", "baselines.per_step=true")
     rows = [Row(**{f.name: c.get(f.name) for f in C.SCHEMA.fields} | {C.CONTENT_HASH: c[C.CHAIN_ID]})
             for c in CHAINS]
     chains = spark.createDataFrame(rows, C.SCHEMA).repartition(2)
-    got = BL.transform(chains, settings, embed=FakeEmbedder, contradict=lambda: fake_contradict)
+    scored = BL.split(BL.transform(chains, settings, embed=FakeEmbedder, contradict=lambda: fake_contradict))
+    got, got_steps = scored.chains, scored.steps
     pdf = pd.DataFrame([{k: c.get(k) for k in (C.CHAIN_ID, C.CONTEXT, C.STEPS, C.CHAIN_TEXT, C.GOLD_STEPS)}
                         for c in CHAINS])
     want = BL.score_batch(pdf, ["sa", "ss", "li", "rouge"], True, BL._sentencizer(), FakeEmbedder(),
-                          fake_contradict, {"embedding": settings.models.embedding.path, "nli": settings.models.nli.path})
+                          fake_contradict, {"embedding": settings.models.embedding.path, "nli": settings.models.nli.path},
+                          per_step=True)
     got_map = {(r[B.CHAIN_ID], r[B.METRIC]): r[B.SCORE] for r in got.collect()}
     # The same fakes and float64 arithmetic on both paths: exact.
-    assert got_map == exact({(r.chain_id, r.metric): r.score for r in want.itertuples()})
+    chain_want, step_want = want[want.step_idx.isna()], want[want.step_idx.notna()]
+    assert got_map == exact({(r.chain_id, r.metric): r.score for r in chain_want.itertuples()})
+    step_map = {(r[B.CHAIN_ID], r[B.STEP_IDX], r[B.METRIC]): r[B.SCORE] for r in got_steps.collect()}
+    assert step_map == exact({(r.chain_id, r.step_idx, r.metric): r.score for r in step_want.itertuples()})
     assert ("c1", "roscoe_sa_reasoning_alignment") in got_map  # reference-based on: gold present
     tables.upsert(spark, got, settings.table("baseline_scores"), B.SCHEMA, BL.KEYS)
     tables.upsert(spark, got, settings.table("baseline_scores"), B.SCHEMA, BL.KEYS)

@@ -66,6 +66,52 @@ def test_nli_scores_pairs_and_directions():
     assert roscoe.nli_scores(["a"], ["x"], contradict)["roscoe_li_self_consistency"] == 1.0
 
 
+def test_step_embedding_scores_hand_computed():
+    got = roscoe.step_embedding_scores(_emb())
+    # h1 = x1 (align 1), h2 orthogonal (.5); h2's tokens [B, A] align .5 and 1 to h1's [A]; align(h2, h1) = .5.
+    want = {
+        "roscoe_sa_faithfulness_step": [1.0, 0.5],
+        "roscoe_sa_repetition_token": [1.0, 0.25],
+        "roscoe_ss_repetition_step": [0.5, 0.25],
+    }
+    assert set(got) == set(want)
+    for metric, values in want.items():
+        assert got[metric].tolist() == exact(values), metric
+    no_context = roscoe.ChainEmbeddings(np.array([A]), np.zeros((0, 2)), A, A, [np.array([A])], [])
+    assert "roscoe_sa_faithfulness_step" not in roscoe.step_embedding_scores(no_context)
+
+
+def test_step_nli_scores_each_step_against_its_earlier_steps():
+    table = {("y", "b"): 0.9, ("a", "b"): 0.3, ("a", "c"): 0.2, ("b", "c"): 0.6, ("x", "c"): 0.5}
+
+    def contradict(premises, hypotheses):
+        return np.array([table.get(p, 0.1) for p in zip(premises, hypotheses, strict=True)])
+
+    got = roscoe.step_nli_scores(["a", "b", "c"], ["x", "y"], contradict)
+    assert got["roscoe_li_source_consistency"].tolist() == exact([0.9, 0.1, 0.5])
+    assert got["roscoe_li_self_consistency"].tolist() == exact([1.0, 0.7, 0.4])  # c: max(P(a, c), P(b, c)) = .6
+    assert roscoe.nli_scores(["a", "b", "c"], ["x", "y"], contradict) == exact(
+        {"roscoe_li_source_consistency": 0.1, "roscoe_li_self_consistency": 0.4})
+    assert roscoe.step_nli_scores(["a"], [], contradict)["roscoe_li_source_consistency"].tolist() == [1.0]
+
+
+def test_chain_scores_are_their_per_step_forms_aggregated():
+    # Random chains of 1-5 steps: the chain-level formulas (embedding_scores) equal the mean/min of the per-step ones.
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        n, m = rng.integers(1, 6), rng.integers(1, 4)
+        emb = roscoe.ChainEmbeddings(
+            steps=rng.normal(size=(n, 4)), context=rng.normal(size=(m, 4)), chain=rng.normal(size=4),
+            whole_context=rng.normal(size=4), step_tokens=[rng.normal(size=(rng.integers(0, 4), 4)) for _ in range(n)],
+            context_tokens=[rng.normal(size=(2, 4)) for _ in range(m)],
+        )
+        chain = roscoe.embedding_scores(emb, reference_based=False)
+        per_step = roscoe.step_embedding_scores(emb)
+        assert all(len(v) == n for v in per_step.values())
+        for metric, value in roscoe.chain_scores(per_step).items():
+            assert value == pytest.approx(chain[metric], abs=1e-12), metric
+
+
 def test_rouge2_hand_computed():
     # Bigrams: 3 of 5 shared each way -> F1 0.6.
     assert roscoe.rouge2(["the cat sat on the mat"], ["the cat sat on a mat"]) == exact(0.6)
