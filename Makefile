@@ -42,25 +42,25 @@ data: setup
 
 # The `small` model profile's trained models, each built only when missing (its training record marks a finished
 # run): the NLI model (models/nli-small: the pip MiniLM-L6 fine-tuned on SICK train+trial and ANLI dev r1-r3,
-# python -m jobs.receval.train_nli, about 75 min on 2 cores) and the PVI models g, g' and the information-gain
+# python -m jobs.training.train_nli, about 75 min on 2 cores) and the PVI models g, g' and the information-gain
 # model (models/pvi-small/<kind>: small T5s from random weights on EntailmentBank task_1 train, early-stopped on
-# dev, python -m jobs.receval.train_pvi; times in the README). `make run` uses the profile once all are built.
+# dev, python -m jobs.training.train_pvi; times in the README). `make run` uses the profile once all are built.
 # Registered pretrained models (conf/model_registry.yaml, python -m jobs.infra.models) are fetched before any
 # training, each only when its folder lacks a finished fetch: gemma3-270m (a pretrained causal LM, ~2.5 min).
 models: setup
 	$(PYTHON) -m jobs.infra.data fetch sick p3_heldout entailment_bank $(if $(FROM),--from $(FROM))
 	@test -f models/gemma3-270m/model_record.json || $(PYTHON) -m jobs.infra.models fetch gemma3-270m
-	@test -f models/nli-small/train_nli.json || $(PYTHON) -m jobs.receval.train_nli $(ARGS)
+	@test -f models/nli-small/train_nli.json || $(PYTHON) -m jobs.training.train_nli $(ARGS)
 	@test -f models/pvi-small/g/train_pvi.json || \
-	  $(PYTHON) -m jobs.receval.train_pvi --set models.profile=small --set train_pvi.kind=g $(ARGS)
+	  $(PYTHON) -m jobs.training.train_pvi --set models.profile=small --set train_pvi.kind=g $(ARGS)
 	@# g' sees one input ("None ->") for every pair: its checkpoint is chosen on dev loss, not on the ROUGE-L of
 	@# the one sentence it generates (docs/PVI.md).
 	@test -f models/pvi-small/g_null/train_pvi.json || \
-	  $(PYTHON) -m jobs.receval.train_pvi --set models.profile=small --set train_pvi.kind=g_null \
+	  $(PYTHON) -m jobs.training.train_pvi --set models.profile=small --set train_pvi.kind=g_null \
 	  --set train_pvi.select_on=loss $(ARGS)
 	@# The information-gain model's pairs are 1.3x as many as g's and twice as long: 5 epochs, not 10, on 2 cores.
 	@test -f models/pvi-small/info_gain/train_pvi.json || \
-	  $(PYTHON) -m jobs.receval.train_pvi --set models.profile=small --set train_pvi.kind=info_gain \
+	  $(PYTHON) -m jobs.training.train_pvi --set models.profile=small --set train_pvi.kind=info_gain \
 	  --set train_pvi.epochs=5 $(ARGS)
 
 # The main job on the bundled sample lake, embedded Spark, offline model profile.

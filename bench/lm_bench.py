@@ -55,8 +55,8 @@ def eb_chains(limit: int) -> list[dict]:
 
 def official(model, tok, chains, device, stats=None) -> float:
     """Unbatched: for each step L(i) and L(i-1) recomputed, g and g' passes (4 passes per step)."""
-    from jobs.receval import pvi_scores as P
     from udfs import loglik
+    from udfs import pvi_prompts as P
 
     start = time.perf_counter()
     for c in chains:
@@ -67,7 +67,7 @@ def official(model, tok, chains, device, stats=None) -> float:
 
 
 def needed_pairs(chains) -> list[tuple[str, str]]:
-    from jobs.receval import pvi_scores as P
+    from udfs import pvi_prompts as P
     pairs = {(r.role, r.source, r.target) for c in chains
              for r in P.chain_requests(c["steps"], c["premises"], c["conclusions"], c["answer"])}
     return sorted(pairs)

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from jobs.infra.config import load_settings
-from jobs.receval import train_pvi as T
+from jobs.training import train_pvi as T
 
 SIZES = ((256, 2, 8000, 1024), (128, 2, 4000, 512), (192, 3, 6000, 768))  # d_model, layers, vocab, d_ff
 

@@ -114,7 +114,7 @@ ROLE_FAMILY = {"pvi_g": "seq2seq", "pvi_null": "seq2seq", "info_gain": "causal"}
 
 
 def lm_requests(chains: list[workload.Chain]) -> list:
-    from jobs.receval import pvi_scores as P
+    from udfs import pvi_prompts as P
     return [r for c in chains for r in P.chain_requests(c.step_texts, c.premises, c.conclusions, c.answer)]
 
 

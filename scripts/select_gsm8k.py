@@ -2,9 +2,9 @@
 
     .venv/bin/python scripts/select_gsm8k.py [--config FILE] [--set section.key=value ...]
 
-1. `jobs.receval.sample_chains`: k samples + one greedy decode per question (sample.* settings) -> JSONL;
+1. `jobs.selection.sample_chains`: k samples + one greedy decode per question (sample.* settings) -> JSONL;
 2. `jobs.receval.pipeline` on that JSONL (ingest.input set to it; stages ingest, steps, scores, aggregate);
-3. `jobs.receval.select_chains` on the sample's dataset: ReCEval reranking vs greedy vs self-consistency.
+3. `jobs.selection.select_chains` on the sample's dataset: ReCEval reranking vs greedy vs self-consistency.
 The same --config/--set go to all three (paths.lake, models.*, sample.*, select.*); one Spark session serves them.
 """
 
@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from any 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     from jobs.infra.config import with_built_models
-    from jobs.receval import pipeline, sample_chains, select_chains
+    from jobs.receval import pipeline
+    from jobs.selection import sample_chains, select_chains
 
     argv = with_built_models(list(sys.argv[1:] if argv is None else argv))
     started = time.time()

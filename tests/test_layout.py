@@ -10,7 +10,7 @@ import pytest
 
 from jobs.infra.config import PROJECT_ROOT
 
-SUBPACKAGES = ["infra", "receval", "metaeval", "cot"]
+SUBPACKAGES = ["infra", "receval", "metaeval", "cot", "training", "selection"]
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:

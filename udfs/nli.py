@@ -270,7 +270,7 @@ def nli_udf(factory: PredictFactory, on_error: str, sent: Any = None, cut: Any =
     return model_udf("score", udf_return_type(), factory, frame, 2, nulls_as_empty=False)
 
 
-# --- training maths (jobs.receval.train_nli) ------------------------------------------------------------------
+# --- training maths (jobs.training.train_nli) ------------------------------------------------------------------
 
 
 def to_logit_order(canonical: np.ndarray, indices: tuple[int, int, int]) -> np.ndarray:

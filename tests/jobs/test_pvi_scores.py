@@ -15,6 +15,7 @@ from jobs.receval import pvi_scores as P
 from schemas import step_scores as SS
 from schemas import steps as ST
 from udfs import loglik
+from udfs import pvi_prompts as PP
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -61,7 +62,7 @@ CHAIN = [
 
 
 def test_chain_requests_exact_strings():
-    reqs = P.chain_requests(
+    reqs = PP.chain_requests(
         ["Cats purr.", "It is warm, so cats are happy."], [[], ["it is warm"]], ["cats purr", "cats are happy"], "yes"
     )
     got = [(r.step_idx, r.kind, r.source, r.target) for r in reqs]
@@ -79,7 +80,7 @@ def test_chain_requests_exact_strings():
 
 
 def test_chain_requests_seq2seq_prefix_and_history():
-    reqs = P.chain_requests(["A.", "B."], [["p"], ["q"]], ["a", "b"], "z", family="seq2seq", history="none")
+    reqs = PP.chain_requests(["A.", "B."], [["p"], ["q"]], ["a", "b"], "z", family="seq2seq", history="none")
     ig = [r.source for r in reqs if r.kind in ("ig_prev", "ig_cur")]
     assert ig == ["Generate final answer: Therefore,", "Generate final answer: A. Therefore,",
                   "Generate final answer: A. Therefore,", "Generate final answer: A. B. Therefore,"]
@@ -87,7 +88,7 @@ def test_chain_requests_seq2seq_prefix_and_history():
                                                          "Generate entailed sentence: q ->"]
     # the answer is the decoder target, never inside the encoder input
     assert all("z" not in r.source for r in reqs)
-    last_one = P.chain_requests(["A.", "B.", "C."], [[], [], []], ["a", "b", "c"], None, history=1)
+    last_one = PP.chain_requests(["A.", "B.", "C."], [[], [], []], ["a", "b", "c"], None, history=1)
     assert [r.source for r in last_one if r.kind == "g"] == [
         "Generate entailed sentence:  ->", "Generate entailed sentence: a ->", "Generate entailed sentence: b ->"]
     assert not [r for r in last_one if r.kind.startswith("ig")]
@@ -97,18 +98,18 @@ def test_g_source_without_premises_is_the_official_empty_join_and_none_is_an_opt
     # The official code builds g's input as prefix + " & ".join(premises) + " ->", also for an empty list.
     official = "Generate entailed sentence: " + " & ".join([]) + " ->"
     assert official == "Generate entailed sentence:  ->"
-    assert P.g_source([]) == official != P.NULL_SOURCE
-    assert P.g_source([], "none") == "Generate entailed sentence: None ->" == P.NULL_SOURCE
-    assert P.g_source(["a", "b"], "none") == P.g_source(["a", "b"]) == "Generate entailed sentence: a & b ->"
-    none = P.chain_requests(["Cats purr."], [[]], ["cats purr"], None, empty_premises="none")
-    assert [r.source for r in none] == [P.NULL_SOURCE, P.NULL_SOURCE]
+    assert PP.g_source([]) == official != PP.NULL_SOURCE
+    assert PP.g_source([], "none") == "Generate entailed sentence: None ->" == PP.NULL_SOURCE
+    assert PP.g_source(["a", "b"], "none") == PP.g_source(["a", "b"]) == "Generate entailed sentence: a & b ->"
+    none = PP.chain_requests(["Cats purr."], [[]], ["cats purr"], None, empty_premises="none")
+    assert [r.source for r in none] == [PP.NULL_SOURCE, PP.NULL_SOURCE]
 
 
 def test_requests_send_the_configured_empty_premise_source(spark, make_settings):
     # The default (empty_join) reaches the scores in test_transform_hand_computed_scores; here the option does.
     steps_df, ctx = frames(spark, CHAIN, {"c1": None})
     reqs = P.requests(steps_df, ctx, make_settings("pvi.empty_premises=none")).where("kind = 'g'").collect()
-    assert sorted(r.source for r in reqs) == [P.NULL_SOURCE, "Generate entailed sentence: it is warm & cats purr ->"]
+    assert sorted(r.source for r in reqs) == [PP.NULL_SOURCE, "Generate entailed sentence: it is warm & cats purr ->"]
     assert make_settings().scoring_hash() != make_settings("pvi.empty_premises=none").scoring_hash()
 
 
@@ -255,7 +256,7 @@ OFFICIAL_REL = 1e-5  # issue #17: step scores equal the official logic within 1e
 
 
 def long_chain_rows(h: str = "h") -> tuple[list[tuple], dict[str, str]]:
-    from jobs.receval import train_pvi
+    from jobs.training import train_pvi
     from udfs import entailment_bank as eb
 
     trees = eb.load_jsonl(EB_DEV)
@@ -382,7 +383,7 @@ def test_paper_profile_refuses_missing_or_untrained_pvi_models_before_any_table(
             check()
         message = str(err.value)
         assert "models.pvi_g" in message and "never scored with an untrained model" in message
-        assert "python -m jobs.receval.train_pvi --set models.profile=paper --set train_pvi.kind=g" in message
+        assert "python -m jobs.training.train_pvi --set models.profile=paper --set train_pvi.kind=g" in message
     for name in ("step_scores", "quarantine", "steps"):
         assert not tables.exists(spark, missing.table(name))
 
@@ -409,7 +410,7 @@ def test_small_profile_requires_a_trained_seq2seq_info_gain_model_too(make_setti
     with pytest.raises(ModelUnavailable) as err:
         P.check_trained(make_settings(*trained, f"models.info_gain.path={plain}"))
     assert "models.info_gain" in str(err.value)
-    assert "python -m jobs.receval.train_pvi --set models.profile=small --set train_pvi.kind=info_gain" in str(err.value)
+    assert "python -m jobs.training.train_pvi --set models.profile=small --set train_pvi.kind=info_gain" in str(err.value)
     info_gain = trained_folder(tiny_models, tmp_path / "info_gain", "info_gain")
     P.check_trained(make_settings(*trained, f"models.info_gain.path={info_gain}"))
     # A causal L(k) model is a plain LM, as in the official code (the paper profile's GPT-2 XL): not checked.

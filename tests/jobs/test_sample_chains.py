@@ -10,7 +10,7 @@ import pytest
 
 from jobs.infra import tables
 from jobs.receval import ingest
-from jobs.receval import sample_chains as SC
+from jobs.selection import sample_chains as SC
 from schemas import chains as C
 from schemas import quarantine as Q
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from pyspark.sql import Row
 from tolerance import exact
 
-from jobs.receval import select_chains as S
+from jobs.selection import select_chains as S
 from schemas import chain_scores as CS
 from schemas import chains as C
 

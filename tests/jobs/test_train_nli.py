@@ -1,4 +1,4 @@
-"""jobs.receval.train_nli: pair files read and checked before training, refusal of evaluation data, a tiny
+"""jobs.training.train_nli: pair files read and checked before training, refusal of evaluation data, a tiny
 fine-tune that moves predictions toward the labels, distillation toward a teacher, the card and the MLflow run."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jobs.infra.config import TrainNliSettings
-from jobs.receval import train_nli as T
+from jobs.training import train_nli as T
 from udfs import nli
 
 # Pairs a tiny model can learn in a few dozen steps: the hypothesis's last word decides the label.

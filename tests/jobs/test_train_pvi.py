@@ -1,4 +1,4 @@
-"""jobs.receval.train_pvi: training pairs from gold chains, and an end-to-end fine-tune of the tiny T5 logged to MLflow."""
+"""jobs.training.train_pvi: training pairs from gold chains, and an end-to-end fine-tune of the tiny T5 logged to MLflow."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from tolerance import loglik_approx
 
 from jobs.infra.config import PROJECT_ROOT, resolve_path
-from jobs.receval import train_pvi as T
+from jobs.training import train_pvi as T
 
 # The first 20 EB task_1 dev trees (tests/data/README.md): enough for the pair counts and a smoke training.
 EB_DEV = str(PROJECT_ROOT / "tests" / "data" / "entailment_bank" / "task_1_dev_head.jsonl")

@@ -143,7 +143,7 @@ CHAIN_STEPS = ["The sun is a star.", "A star gives off light ", "So the sun give
 
 
 def _chain_pairs() -> tuple[list[str], list[str]]:
-    from jobs.receval import pvi_scores as P
+    from udfs import pvi_prompts as P
     reqs = P.chain_requests(CHAIN_STEPS, [[]] * 4, ["a b", "c", "d e f", "g"], "the sun shines")
     pairs = [(r.source, r.target) for r in reqs if r.kind != P.G]
     pairs = list(dict.fromkeys(pairs))  # L(k) of step i+1 = L(k) of step i: scored once, as the job does

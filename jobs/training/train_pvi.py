@@ -15,7 +15,7 @@ refused before anything is read. The best dev epoch's model (dev ROUGE-L, or dev
 the MLflow run as the MLflow model `pvi_<kind>` (pyfunc; registered under `train_pvi.registered_model` when set)
 and as the artifact folder `model`.
 
-    python -m jobs.receval.train_pvi --set train_pvi.kind=g --set train_pvi.epochs=10
+    python -m jobs.training.train_pvi --set train_pvi.kind=g --set train_pvi.epochs=10
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 
 from jobs.infra.config import Settings, TrainPviSettings, resolve_path
 from jobs.infra.progress import Progress
-from jobs.receval import pvi_scores as P
+from udfs import pvi_prompts as P
 
 log = logging.getLogger(__spec__.name)
 

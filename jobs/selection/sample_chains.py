@@ -15,7 +15,7 @@ failed, empty chains (nothing to score) and chains with undecodable bytes (U+FFF
 cut leaves at the end is dropped). Counts reconcile: questions read = chosen + bad (+ not chosen); chains =
 chosen x (k + 1) = written + empty + undecodable + those of failed questions.
 
-    python -m jobs.receval.sample_chains --set sample.questions=20 --set sample.k=5
+    python -m jobs.selection.sample_chains --set sample.questions=20 --set sample.k=5
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ Output: `<train_nli.output_dir>` (default models/nli-small, the `small` model pr
 safetensors, a model card (README.md: data, steps, held-out accuracy per source), train_nli.json; the MLflow run
 holds the metrics, the MLflow model `nli` (pyfunc) and the folder as the artifact `model`.
 
-    python -m jobs.receval.train_nli                      # SICK train+trial + ANLI dev r1-r3, 3 epochs (make models)
-    python -m jobs.receval.train_nli --set train_nli.use=[sick,cb] --set train_nli.teacher=/models/deberta
+    python -m jobs.training.train_nli                      # SICK train+trial + ANLI dev r1-r3, 3 epochs (make models)
+    python -m jobs.training.train_nli --set train_nli.use=[sick,cb] --set train_nli.teacher=/models/deberta
 """
 
 from __future__ import annotations
@@ -425,7 +425,7 @@ def model_card(settings: Settings, train_pairs: Pairs, held: dict[str, Pairs], r
     counts = Counter(train_pairs.labels)
     lines = [
         f"# NLI cross-encoder `{output_dir(settings).name}`", "",
-        f"3-way NLI (label2id {LABEL2ID}) fine-tuned from `{cfg.base_model}` by `python -m jobs.receval.train_nli` "
+        f"3-way NLI (label2id {LABEL2ID}) fine-tuned from `{cfg.base_model}` by `python -m jobs.training.train_nli` "
         f"in {seconds / 60:.1f} min ({planned_steps(len(train_pairs), cfg)} optimizer steps, {cfg.epochs:g} epochs, "
         f"batch {cfg.batch_size}, lr {cfg.lr:g}, max_length {cfg.max_length}, seed {cfg.seed}).", "",
         "## Data", "",
