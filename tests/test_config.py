@@ -124,13 +124,13 @@ def test_config_file_reads_yes_and_no_as_their_field_types(tmp_path: Path):
 
 
 def test_print_config_names_the_layer_of_every_value(tmp_path: Path, capsys, monkeypatch):
-    from jobs.infra.tables import job_args
+    from jobs.infra.stage import Stage
 
     cfg = tmp_path / "night.yaml"
     cfg.write_text("runtime:\n  batch_size: 8\n")
     monkeypatch.setenv("RECEVAL__HUMAN_LABELS__OK_VALUE", "no")
     with pytest.raises(SystemExit) as stop:
-        job_args("x", ["--config", str(cfg), "--set", "human_labels.error_value=yes", "--print-config"])
+        Stage("x", "a stage").main(["--config", str(cfg), "--set", "human_labels.error_value=yes", "--print-config"])
     assert stop.value.code == 0
     lines = {line.split(":")[0]: line for line in capsys.readouterr().out.splitlines()}
     assert lines["human_labels.error_value"].endswith("# --set human_labels.error_value=yes")

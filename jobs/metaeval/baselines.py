@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from jobs.infra import tables
 from jobs.infra.config import Settings
-from jobs.infra.tracking import job
+from jobs.infra.stage import Job, Stage
 from schemas import baseline_scores as B
 from schemas import chains as C
 from udfs import roscoe
@@ -190,12 +190,23 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
     return counts
 
 
-def main(argv: list[str] | None = None) -> dict[str, int]:
-    with job("baselines", __doc__, argv) as (spark, settings, tracked):
-        counts = run(spark, settings)
-        tracked.log_metrics(counts)
-        log.info(f"[baselines] {counts}")
+def _body(job: Job) -> dict[str, int]:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    counts = run(spark, settings)
+    tracked.log_metrics(counts)
+    log.info(f"[baselines] {counts}")
     return counts
+
+
+def _writes(settings: Settings) -> tuple[str, ...]:
+    return ("baseline_scores", *(("step_baseline_scores",) if settings.baselines.per_step else ()))
+
+
+STAGE = Stage("baselines", __doc__, _body, reads=("chains",), writes=_writes, section="baselines")
+
+
+def main(argv: list[str] | None = None) -> dict[str, int]:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

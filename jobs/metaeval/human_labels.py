@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from jobs.infra import tables
 from jobs.infra.config import HumanLabelSettings, Settings, resolve_path
-from jobs.infra.tracking import job
+from jobs.infra.stage import Job, Stage
 from schemas import chains as C
 from schemas.chains import content_hash
 
@@ -156,12 +156,19 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
     return counts
 
 
-def main(argv: list[str] | None = None) -> dict[str, int]:
-    with job("human_labels", __doc__, argv) as (spark, settings, tracked):
-        counts = run(spark, settings)
-        tracked.log_metrics(counts)
-        log.info(f"[human_labels] {counts}")
+def _body(job: Job) -> dict[str, int]:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    counts = run(spark, settings)
+    tracked.log_metrics(counts)
+    log.info(f"[human_labels] {counts}")
     return counts
+
+
+STAGE = Stage("human_labels", __doc__, _body, writes=("chains",), section="human_labels")
+
+
+def main(argv: list[str] | None = None) -> dict[str, int]:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

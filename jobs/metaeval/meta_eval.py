@@ -22,7 +22,7 @@ from scipy import stats
 from jobs.infra import tables
 from jobs.infra.config import Settings
 from jobs.infra.progress import Progress
-from jobs.infra.tracking import job
+from jobs.infra.stage import Job, Stage
 from schemas import baseline_scores as B
 from schemas import chain_scores as CS
 from schemas import chains as C
@@ -259,16 +259,24 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> l
         return [r.asDict() for r in result.collect()]
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    with job("meta_eval", __doc__, argv) as (spark, settings, tracked):
-        rows = run(spark, settings, tracked.local_id)
-        table = markdown_table(rows)
-        tracked.log_text("meta_eval/correlations.md", table)
-        if rows:
-            tracked.log_bytes("meta_eval/heatmap.png", heatmap_png(rows))
-        tracked.log_metrics({"groups": len(rows)})
-        print(table)
+def _body(job: Job) -> list[dict]:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    rows = run(spark, settings, tracked.local_id)
+    table = markdown_table(rows)
+    tracked.log_text("meta_eval/correlations.md", table)
+    if rows:
+        tracked.log_bytes("meta_eval/heatmap.png", heatmap_png(rows))
+    tracked.log_metrics({"groups": len(rows)})
+    print(table)
     return rows
+
+
+STAGE = Stage("meta_eval", __doc__, _body, reads=("chain_scores", "chains", "baseline_scores"), writes=("meta_eval",),
+              section="meta_eval")
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

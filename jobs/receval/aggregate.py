@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from jobs.infra import tables
 from jobs.infra.config import Settings
-from jobs.infra.tracking import job
+from jobs.infra.stage import Job, Stage
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import step_scores as SS
@@ -110,13 +110,20 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
     return counts
 
 
-def main(argv: list[str] | None = None) -> dict[str, int]:
-    with job("aggregate", __doc__, argv) as (spark, settings, tracked):
-        counts = run(spark, settings)
-        tracked.log_metrics({f"rows_{k}": v for k, v in counts.items()})
-        tracked.set_tags({"chain_scores_version": tables.version(spark, settings.table("chain_scores"))})
-        log.info(f"[aggregate] chains={counts['chains']} with a null metric={counts['incomplete']}")
+def _body(job: Job) -> dict[str, int]:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    counts = run(spark, settings)
+    tracked.log_metrics({f"rows_{k}": v for k, v in counts.items()})
+    tracked.set_tags({"chain_scores_version": tables.version(spark, settings.table("chain_scores"))})
+    log.info(f"[aggregate] chains={counts['chains']} with a null metric={counts['incomplete']}")
     return counts
+
+
+STAGE = Stage("aggregate", __doc__, _body, reads=("step_scores",), writes=("chain_scores",), section="aggregate")
+
+
+def main(argv: list[str] | None = None) -> dict[str, int]:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ from pyspark.sql.types import ArrayType, BooleanType, StringType, StructField, S
 
 from jobs.infra import tables
 from jobs.infra.config import CurationSettings, Settings
-from jobs.infra.tracking import JobRun, job
+from jobs.infra.stage import Job, Stage
+from jobs.infra.tracking import JobRun
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import curation as CU
@@ -355,12 +356,24 @@ def log_curation(result: CurationResult, tracked: JobRun) -> None:
         tracked.log_bytes(f"curation/hist_{metric}.png", png)
 
 
-def main(argv: list[str] | None = None) -> CurationResult:
-    with job("curate", __doc__, argv) as (spark, settings, tracked):
-        result = run(spark, settings, tracked.local_id)
-        log_curation(result, tracked)
-        logger.info(f"[curate] {result.counts} pass rates {result.pass_rates}")
+def _body(job: Job) -> CurationResult:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    result = run(spark, settings, tracked.local_id)
+    log_curation(result, tracked)
+    logger.info(f"[curate] {result.counts} pass rates {result.pass_rates}")
     return result
+
+
+def _reads(settings: Settings) -> tuple[str, ...]:
+    # step_scores only with curation.step_thresholds (each decision's first flagged step).
+    return ("chain_scores", *(("step_scores",) if settings.curation.step_thresholds else ()), "chains")
+
+
+STAGE = Stage("curate", __doc__, _body, reads=_reads, writes=("curation", "curated", "rejected"), section="curation")
+
+
+def main(argv: list[str] | None = None) -> CurationResult:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

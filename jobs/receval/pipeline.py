@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,10 @@ from jobs.infra.config import Settings, resolve_path
 from jobs.infra.maintain import RUN_METADATA
 from jobs.infra.progress import Progress, bar_wanted
 from jobs.infra.session import session_confs
+from jobs.infra.stage import Job, Stage, table_lines
 from jobs.infra.tracking import JobRun, tracking_uri
+from jobs.receval import aggregate, curate, ingest, score
+from jobs.receval import steps as steps_job
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import pipeline as P
@@ -150,13 +153,12 @@ def _aggregate_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class ChainStage:
-    """A stage over chains: ready = chains in `previous`; done = chains in `marker` (both under the hash)."""
+    """A stage over chains: ready = chains in `previous`; done = chains in `marker` (both under the hash).
+    Its name and tables are those the stage declares (`declared`)."""
 
-    name: str
+    declared: Stage
     previous: str
     marker: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
     process: Callable[[Context, DataFrame], dict[str, int]]
     # Rows the executors count (jobs.infra.progress.counted) for a batch of chain ids; None: one per chain.
     rows: Callable[[Context, DataFrame], int] | None = None
@@ -164,18 +166,24 @@ class ChainStage:
     # equals the batch's chains, none is missing and looking for unscored chains (three Spark jobs) is skipped.
     marked: str | None = None
 
+    @property
+    def name(self) -> str:
+        return self.declared.name
+
 
 CHAIN_STAGES = [
-    ChainStage("steps", "chains", "contexts", ("chains",), ("steps", "contexts", "quarantine"), _steps_stage,
-               marked="contexts"),
+    ChainStage(steps_job.STAGE, "chains", "contexts", _steps_stage, marked="contexts"),
     ChainStage(
-        "scores", "contexts", "step_scores", ("steps", "contexts"), ("step_scores", "quarantine"), _scores_stage,
+        score.STAGE, "contexts", "step_scores", _scores_stage,
         # Scoring counts finished steps: a batch's share done is its steps scored over its steps.
         lambda ctx, ids: ctx.hashed("steps", ST.SCHEMA).join(ids, ST.CHAIN_ID, "left_semi").count(),
     ),
-    ChainStage("aggregate", "step_scores", "chain_scores", ("step_scores",), ("chain_scores",), _aggregate_stage,
-               marked="chain_scores"),
+    ChainStage(aggregate.STAGE, "step_scores", "chain_scores", _aggregate_stage, marked="chain_scores"),
 ]
+# The pipeline's ingest also keeps `input_files`, the fingerprints of the files it has read.
+INGEST = Stage("ingest", ingest.STAGE.doc, reads=("input_files",), writes=(*ingest.STAGE.writes, "input_files"))
+# The night's stages in order; each child run records the tables its stage declares.
+PARTS = (INGEST, *(s.declared for s in CHAIN_STAGES), curate.STAGE)
 
 
 def _chain_ids(ctx: Context, name: str) -> DataFrame:
@@ -430,21 +438,13 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
     log.info(f"[pipeline] config hash {ctx.config_hash}, run {ctx.run_id}, lake {resolve_path(settings.paths.lake)}")
     if settings.pipeline.rescore:
         tracked.log_metrics({f"rescore_deleted.{k}": v for k, v in rescore(ctx).items()})
-    plan: list[tuple[str, tuple[str, ...], tuple[str, ...], Callable[[StageReport, JobRun], None]]] = []
-    if "ingest" in wanted:
-        plan.append(("ingest", ("input_files",), ("chains", "quarantine", "input_files"),
-                     lambda r, t: _ingest(ctx, r, t)))
-    for stage in CHAIN_STAGES:
-        if stage.name in wanted:
-            plan.append(
-                (stage.name, stage.inputs, stage.outputs, lambda r, t, s=stage: _run_chain_stage(ctx, s, r, t))
-            )
-    if "curate" in wanted:
-        plan.append(
-            # step_scores only with curation.step_thresholds (the first flagged steps).
-            ("curate", ("chain_scores", *(("step_scores",) if settings.curation.step_thresholds else ())),
-             ("curation", "curated", "rejected"), lambda r, t: _curate(ctx, r, summary))
-        )
+    bodies: dict[str, Callable[[StageReport, JobRun], None]] = {
+        "ingest": lambda r, t: _ingest(ctx, r, t),
+        **{s.name: lambda r, t, s=s: _run_chain_stage(ctx, s, r, t) for s in CHAIN_STAGES},
+        "curate": lambda r, t: _curate(ctx, r, summary),
+    }
+    plan = [(stage.name, stage.inputs(settings), stage.outputs(settings), bodies[stage.name])
+            for stage in PARTS if stage.name in wanted]
 
     for table, v in summary.versions_before.items():
         tracked.log_table(table, settings.table(table), v, "input")
@@ -621,22 +621,26 @@ def print_summary(summary: Summary, settings: Settings) -> None:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def main(argv: list[str] | None = None, transforms: Transforms | None = None) -> Summary:
-    from jobs.infra.session import build_session
-    from jobs.infra.tracking import job_run
-
-    settings, args = tables.job_args(__doc__ or "pipeline", argv)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _check_models(settings, transforms)
-    spark = build_session(settings.spark)
-    if args.dry_run:
-        print(dry_run(spark, settings))
-        raise SystemExit(0)
-    with job_run(settings, "pipeline") as tracked:
-        summary = run(spark, settings, tracked, transforms)
-    summary.mlflow_run_id = tracked.run_id
-    print_summary(summary, settings)
+def _body(job: Job, transforms: Transforms | None = None) -> Summary:
+    summary = run(job.spark, job.settings, job.tracked, transforms)
+    summary.mlflow_run_id = job.tracked.run_id
+    print_summary(summary, job.settings)
     return summary
+
+
+STAGE = Stage(
+    "pipeline", __doc__, _body, section="pipeline", parts=PARTS,
+    check=lambda settings, args: prepare(settings, None),
+    plan=lambda spark, settings, args: plan_lines(spark, settings),
+)
+
+
+def main(argv: list[str] | None = None, transforms: Transforms | None = None) -> Summary:
+    """The nightly job; `transforms` (tests) stand in for the models, whose check is then skipped."""
+    if transforms is None:
+        return STAGE.main(argv)
+    return replace(STAGE, body=lambda job: _body(job, transforms),
+                   check=lambda settings, args: prepare(settings, transforms)).main(argv)
 
 
 def _new_chains(spark: SparkSession, settings: Settings) -> int:
@@ -649,17 +653,15 @@ def _new_chains(spark: SparkSession, settings: Settings) -> int:
     return chains.join(existing, C.CHAIN_ID, "left_anti").count()
 
 
-def dry_run(spark: SparkSession, settings: Settings) -> str:
+def plan_lines(spark: SparkSession, settings: Settings) -> list[str]:
     """Per stage: what it would read (tables, versions), how many chains it would do, what it would write.
 
     Reads Delta logs, counts rows and validates the input files; writes nothing and starts no MLflow run.
     A stage's count is what waits for it now plus what the stages before it would hand on tonight.
     """
-    from jobs.infra.lineage import table_line
-
     ctx = Context(spark, settings, "dry-run", Transforms())
     wanted = settings.pipeline.stages
-    lines = [f"[dry-run] pipeline, config hash {ctx.config_hash}: nothing is written; no MLflow run is created"]
+    lines = []
     if settings.pipeline.rescore:
         lines.append(f"rescore: would delete every row of config hash {ctx.config_hash} from {', '.join(HASHED_TABLES)}")
     handed_on = 0
@@ -673,28 +675,29 @@ def dry_run(spark: SparkSession, settings: Settings) -> str:
         else:
             handed_on = _new_chains(spark, settings)
             lines.append(f"  would add {handed_on} chains")
-        lines += [f"  writes {table_line(spark, settings, t)}" for t in ("chains", "quarantine", "input_files")]
+        lines += table_lines(spark, settings, INGEST)
     for stage in CHAIN_STAGES:
         if stage.name not in wanted:
             continue
         waiting = todo(ctx, stage).count()
         lines.append(f"{stage.name}: would do {waiting + handed_on} chains ({waiting} waiting now, up to "
                      f"{handed_on} from the stages before)")
-        lines += [f"  reads  {table_line(spark, settings, t)}" for t in stage.inputs]
-        lines += [f"  writes {table_line(spark, settings, t)}" for t in stage.outputs]
+        lines += table_lines(spark, settings, stage.declared)
         handed_on += waiting
     if "curate" in wanted:
         lines.append(f"curate: would decide up to {handed_on} newly scored chains plus any the current rules "
                      "have not decided")
-        lines += [f"  reads  {table_line(spark, settings, 'chain_scores')}"]
-        lines += [f"  writes {table_line(spark, settings, t)}" for t in ("curation", "curated", "rejected")]
+        lines += table_lines(spark, settings, curate.STAGE)
     if "report" in wanted:
         lines.append("report: would write the nightly report (MLflow artifact and <lake>/_reports/)")
-    return "\n".join(lines)
+    return lines
 
 
-def _check_models(settings: Settings, transforms: Transforms | None) -> None:
-    """Fail before any table is touched when a configured model is missing (clear message, no partial run)."""
+def prepare(settings: Settings, transforms: Transforms | None) -> None:
+    """Before the session starts: the tokenizers' own threads off (the executors' worker processes inherit
+    the variable), and a configured model that is missing fails with a clear message before any table is
+    touched (skipped when `transforms` stand in for the models)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if transforms is not None:
         return
     from jobs.receval import pvi_scores
