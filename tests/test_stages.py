@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import SAMPLE_LAKE, job_args
+
 from jobs.infra import tables
 from jobs.infra.stage import Stage, declared
 
