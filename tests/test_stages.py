@@ -107,3 +107,31 @@ def test_declared_refuses_two_stages_of_one_name(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="two stages named 'same'"):
         declared("twostages")
     assert isinstance(Stage("x", "y"), Stage)
+
+
+def test_the_architecture_docs_example_stage_runs_as_written(spark, settings, tmp_path, monkeypatch, capsys):
+    # docs/ARCHITECTURE.md's "Adding a stage" example, copied verbatim into a package of its own.
+    import re
+
+    from conftest import PROJECT_ROOT
+    from schemas import steps as ST
+
+    doc = (PROJECT_ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    code = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    assert len(code.splitlines()) <= 30
+    (tmp_path / "newroom").mkdir()
+    (tmp_path / "newroom" / "__init__.py").write_text("")
+    (tmp_path / "newroom" / "step_counts.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    stage = declared("newroom")["step_counts"]
+    h = settings.scoring_hash()
+    rows = [("a", h, 0, 2, "s", [], "c", "sentence", "position", "d"),
+            ("a", h, 1, 2, "t", [], "d", "sentence", "position", "d"),
+            ("b", h, 0, 1, "u", [], "e", "sentence", "position", "d"), ("b", "old", 0, 1, "u", [], "e", "", "", "d")]
+    spark.createDataFrame(rows, ST.SCHEMA).write.format("delta").save(settings.table("steps"))
+    with pytest.raises(SystemExit):
+        stage.main([*job_args(settings), "--dry-run"])
+    assert "reads  steps: version 0, 4 rows, 3 under config hash" in capsys.readouterr().out
+    assert stage.main(job_args(settings)) == {"chains": 2}
+    got = {r["chain_id"]: r["steps"] for r in tables.read(spark, settings.table("step_counts")).collect()}
+    assert got == {"a": 2, "b": 1}

@@ -54,14 +54,12 @@ HASHED_TABLES = ["steps", "contexts", "step_scores", "chain_scores", "unscored",
 ALL_TABLES = ["chains", "quarantine", "input_files", *HASHED_TABLES]
 
 
-# -- the stage functions (the real ones are imported when first used, so fakes can stand in) -------------
+# -- the stage functions (tests inject fakes in their place) ----------------------------------------------
 def _steps(chains: DataFrame, settings: Settings) -> tuple[DataFrame, DataFrame, DataFrame]:
-    from jobs.receval import steps
-    return steps.transform(chains, settings)
+    return steps_job.transform(chains, settings)
 
 
 def _aggregate(step_scores: DataFrame, settings: Settings) -> DataFrame:
-    from jobs.receval import aggregate
     return aggregate.transform(step_scores, settings)
 
 
@@ -102,8 +100,6 @@ def _steps_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
     # The batch's frames are released when it is committed (or fails): nothing piles up over a night.
     with tables.Held() as hold:
         if ctx.transforms.steps is _steps:
-            from jobs.receval import steps as steps_job
-
             # The three outputs share one spaCy pass.
             steps, contexts, bad = steps_job.transform(chains, ctx.settings, hold)
         else:
@@ -133,7 +129,6 @@ def _quarantine(ctx: Context, rows: DataFrame) -> int:
 
 
 def _scores_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
-    from jobs.receval import score
     steps = ctx.hashed("steps", ST.SCHEMA).join(ids, ST.CHAIN_ID, "left_semi")
     contexts = ctx.hashed("contexts", ST.CONTEXTS_SCHEMA).join(ids, ST.CHAIN_ID, "left_semi")
     return score.run(
@@ -243,7 +238,7 @@ class Summary:
     rows_after: dict[str, int] = field(default_factory=dict)
     versions_before: dict[str, int | None] = field(default_factory=dict)
     versions_after: dict[str, int | None] = field(default_factory=dict)
-    curation: Any = None  # curate.CurationResult
+    curation: curate.CurationResult | None = None
     report_html: str | None = None
     report_file: str | None = None
     mlflow_run_id: str | None = None
@@ -288,11 +283,9 @@ def input_fingerprints(settings: Settings) -> list[tuple[str, int, int, str]]:
     """(path, size, mtime_ns, ingest_hash) of every input file; a Delta input table by its latest log entry, a
     datasets folder by its files' total size and latest change. The OpenAI batch input file counts as an input
     too: a new one changes the chains of the same output file."""
-    from jobs.receval.ingest import ingest_files, input_files
-
-    paths = ingest_files(settings.ingest)
+    paths = ingest.ingest_files(settings.ingest)
     if settings.ingest.batch_input:
-        paths += input_files(settings.ingest.batch_input)
+        paths += ingest.input_files(settings.ingest.batch_input)
     out = []
     shaped = ingest_hash(settings)
     for path in paths:
@@ -320,7 +313,6 @@ def seen_fingerprints(spark: SparkSession, path: str) -> set[tuple[str, int, int
 
 
 def _ingest(ctx: Context, report: StageReport, tracked: JobRun | None = None) -> None:
-    from jobs.receval import ingest
     files = input_fingerprints(ctx.settings)
     seen_path = ctx.table("input_files")
     seen = seen_fingerprints(ctx.spark, seen_path)
@@ -470,7 +462,6 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
             if v != out_before.get(table):
                 child.log_table(table, settings.table(table), v, "output")
         if name == "curate" and summary.curation is not None:
-            from jobs.receval import curate
             curate.log_curation(summary.curation, child)
         child.end("FINISHED")
         log.info(f"[pipeline] {name}: done in {report.seconds:.1f} s")
@@ -501,8 +492,6 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
 
 def _label_scores(ctx: Context, since: float) -> list[dict[str, Any]]:
     """aggregate.by_label over the chain scores of the current config hash written since `since` (this run)."""
-    from jobs.receval import aggregate
-
     spark, settings = ctx.spark, ctx.settings
     if not tables.exists(spark, settings.table("chain_scores")):
         return []
@@ -514,7 +503,6 @@ def _label_scores(ctx: Context, since: float) -> list[dict[str, Any]]:
 
 
 def _curate(ctx: Context, report: StageReport, summary: Summary) -> None:
-    from jobs.receval import curate
     result = curate.run(ctx.spark, ctx.settings, ctx.run_id)
     summary.curation = result
     report.chains = result.counts["batch"]
@@ -645,8 +633,6 @@ def main(argv: list[str] | None = None, transforms: Transforms | None = None) ->
 
 def _new_chains(spark: SparkSession, settings: Settings) -> int:
     """Chains ingest would add: the input validated and compared with `chains`, nothing written."""
-    from jobs.receval import ingest
-
     raw = ingest.check(ingest.read_raw(spark, settings.ingest), settings.ingest, settings.runtime.on_row_error)
     chains, _ = ingest.transform(raw, settings.ingest, settings.runtime.on_row_error)
     existing = tables.read(spark, settings.table("chains"), C.SCHEMA).select(C.CHAIN_ID)
