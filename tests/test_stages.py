@@ -114,6 +114,7 @@ def test_the_architecture_docs_example_stage_runs_as_written(spark, settings, tm
     import re
 
     from conftest import PROJECT_ROOT
+
     from schemas import steps as ST
 
     doc = (PROJECT_ROOT / "docs" / "ARCHITECTURE.md").read_text()
