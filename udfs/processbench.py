@@ -96,6 +96,12 @@ def parse_file(data: bytes) -> list[Any]:
     return items
 
 
+def undecodable(text: str) -> bool:
+    """Whether `text` holds a character UTF-8 cannot carry: a byte `parse_file` could not decode, or a lone
+    surrogate a JSON escape made."""
+    return _SURROGATE.search(text) is not None
+
+
 def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
     """(field path, text) of every string in a parsed JSON value, keys included."""
     if isinstance(value, str):
@@ -141,9 +147,9 @@ def adapt_item(item: Any, subset: str, source: str | None, prefix: str = "proces
     dataset = dataset_name(subset, prefix)
     if not isinstance(item, dict):
         return Rejected("malformed_item", f"the item is a JSON {type(item).__name__}, not an object")
-    bad_text = next((where for where, text in _strings(item, "item") if _SURROGATE.search(text)), None)
+    bad_text = next((where for where, text in _strings(item, "item") if undecodable(text)), None)
     item_id = _item_id(item)
-    if item_id is not None and _SURROGATE.search(item_id):
+    if item_id is not None and undecodable(item_id):
         item_id = None  # an undecodable id cannot name the chain
     chain_id = f"{dataset}:{item_id}" if item_id is not None else None
     if bad_text is not None:

@@ -487,6 +487,18 @@ class LocaliseSettings(Section):
     ci_level: float = Field(0.95, gt=0, lt=1)
 
 
+class ProcessBenchSettings(Section):
+    """`python -m jobs.metaeval.processbench`: ProcessBench subset files -> `chains` and `step_labels`
+    (docs/META_EVAL.md "Step-level localisation")."""
+
+    path: str = "${paths.data}/processbench"  # the `processbench` dataset's folder of <subset>.json files
+    # Subsets read, each from <path>/<subset>.json; the dataset's optional olympiadbench and omnimath once fetched.
+    subsets: list[str] = Field(default_factory=lambda: ["gsm8k", "math"], min_length=1)
+    # chains.dataset is <prefix>_<subset>: processbench_gsm8k is localise.calibration's default.
+    dataset_prefix: str = "processbench"
+    max_items: int | None = Field(None, ge=1)  # the first N items of each subset (smoke runs)
+
+
 class HumanLabelSettings(Section):
     """Annotated CSV in ROSCOE's shape -> `chains` with labels; every column name comes from here."""
 
@@ -839,6 +851,7 @@ class Settings(Section):
     perturb: PerturbSettings = PerturbSettings()
     meta_eval: MetaEvalSettings = MetaEvalSettings()
     localise: LocaliseSettings = LocaliseSettings()
+    processbench: ProcessBenchSettings = ProcessBenchSettings()
     human_labels: HumanLabelSettings = HumanLabelSettings()
     baselines: BaselineSettings = BaselineSettings()
     select: SelectSettings = SelectSettings()

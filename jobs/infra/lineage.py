@@ -19,7 +19,8 @@ JOB_TABLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "curate": (("chain_scores", "step_scores", "chains"), ("curation", "curated", "rejected")),  # step_scores: step_thresholds
     "select_chains": (("chains", "chain_scores"), ()),
     "sample_chains": ((), ("quarantine",)),  # also writes JSONL chains for ingest (sample.output)
-    "human_labels": ((), ("chains",)),
+    "human_labels": ((), ("chains", "step_labels")),
+    "processbench": ((), ("chains", "step_labels", "quarantine")),
     "perturb": ((), ("chains",)),
     "baselines": (("chains",), ("baseline_scores", "step_baseline_scores")),  # the second with baselines.per_step
     "meta_eval": (("chain_scores", "chains", "baseline_scores"), ("meta_eval",)),
