@@ -534,6 +534,11 @@ class HumanLabelSettings(Section):
     )
     chain_flags: dict[str, str] = Field(default_factory=dict)
     ordinal_labels: dict[str, str] = Field(default_factory=lambda: {"QUAL": "newOverall", "COH": "newCoherent"})
+    # Also put the chain-level companions of the step labels into chains.labels: first_error_index (the earliest
+    # step with a "yes", -1 none) and final_answer_correct (where answer and gold answer are numbers). Off: the
+    # chain rows stay as they were (localise reads the earliest error from step_labels alone, and meta_eval's
+    # ROSCOE table gains no label). A chain already in the lake keeps its labels (chains are insert-only).
+    companion_labels: bool = False
 
 
 class BaselineSettings(Section):
