@@ -1,6 +1,7 @@
-"""The ProcessBench adapter job: hand-made subset files -> `chains`, `step_labels` and `quarantine`, row by row;
-counts reconcile; a rerun inserts nothing; what it writes feeds the localisation job's labels as they are. And the
-real subsets against the counts their README states (skipped, with the reason, where a file is absent)."""
+"""The ProcessBench adapter job (jobs/metaeval/processbench.py; the module name test_processbench is tests/udfs'):
+hand-made subset files -> `chains`, `step_labels` and `quarantine`, row by row; counts reconcile; a rerun inserts
+nothing; what it writes feeds the localisation job's labels as they are. And the real subsets against the counts
+their README states (skipped, with the reason, where a file is absent)."""
 
 from __future__ import annotations
 
