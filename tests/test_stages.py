@@ -20,7 +20,7 @@ def test_every_room_declares_its_stages_once():
     # stages of one name).
     assert set(STAGES) == {
         "ingest", "steps", "nli_scores", "pvi_scores", "scores", "aggregate", "curate", "export", "pipeline",
-        "perturb", "human_labels", "baselines", "meta_eval", "localise", "eb_challenge", "experiments",
+        "perturb", "human_labels", "processbench", "baselines", "meta_eval", "localise", "eb_challenge", "experiments",
         "cot_eval", "paper_tables", "train_nli", "train_pvi", "sample_chains", "select_chains", "maintain",
     }
     assert [s.name for s in STAGES.values() if s.body is None] == ["scores"]  # a pipeline part only

@@ -487,6 +487,18 @@ class LocaliseSettings(Section):
     ci_level: float = Field(0.95, gt=0, lt=1)
 
 
+class ProcessBenchSettings(Section):
+    """`python -m jobs.metaeval.processbench`: ProcessBench subset files -> `chains` and `step_labels`
+    (docs/META_EVAL.md "Step-level localisation")."""
+
+    path: str = "${paths.data}/processbench"  # the `processbench` dataset's folder of <subset>.json files
+    # Subsets read, each from <path>/<subset>.json; the dataset's optional olympiadbench and omnimath once fetched.
+    subsets: list[str] = Field(default_factory=lambda: ["gsm8k", "math"], min_length=1)
+    # chains.dataset is <prefix>_<subset>: processbench_gsm8k is localise.calibration's default.
+    dataset_prefix: str = "processbench"
+    max_items: int | None = Field(None, ge=1)  # the first N items of each subset (smoke runs)
+
+
 class HumanLabelSettings(Section):
     """Annotated CSV in ROSCOE's shape -> `chains` with labels; every column name comes from here."""
 
@@ -522,6 +534,11 @@ class HumanLabelSettings(Section):
     )
     chain_flags: dict[str, str] = Field(default_factory=dict)
     ordinal_labels: dict[str, str] = Field(default_factory=lambda: {"QUAL": "newOverall", "COH": "newCoherent"})
+    # Also put the chain-level companions of the step labels into chains.labels: first_error_index (the earliest
+    # step with a "yes", -1 none) and final_answer_correct (where answer and gold answer are numbers). Off: the
+    # chain rows stay as they were (localise reads the earliest error from step_labels alone, and meta_eval's
+    # ROSCOE table gains no label). A chain already in the lake keeps its labels (chains are insert-only).
+    companion_labels: bool = False
 
 
 class BaselineSettings(Section):
@@ -839,6 +856,7 @@ class Settings(Section):
     perturb: PerturbSettings = PerturbSettings()
     meta_eval: MetaEvalSettings = MetaEvalSettings()
     localise: LocaliseSettings = LocaliseSettings()
+    processbench: ProcessBenchSettings = ProcessBenchSettings()
     human_labels: HumanLabelSettings = HumanLabelSettings()
     baselines: BaselineSettings = BaselineSettings()
     select: SelectSettings = SelectSettings()

@@ -36,7 +36,7 @@ log = logging.getLogger(__spec__.name)
 TABLES = [
     "chains", "quarantine", "input_files", "steps", "contexts", "step_scores", "chain_scores", "unscored",
     "curation", "curated", "rejected", "baseline_scores", "step_baseline_scores", "meta_eval", "localisation",
-    "localisation_predictions",
+    "localisation_predictions", "step_labels",
     "cot_predictions", "cot_metrics",
 ]
 STATE = "_maintenance.json"  # nights since the last maintenance, next to the tables

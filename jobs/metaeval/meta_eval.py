@@ -27,6 +27,7 @@ from schemas import baseline_scores as B
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import meta_eval as M
+from schemas import step_labels as SL
 from udfs import somers
 
 GROUP_KEYS = [M.DATASET, M.LABEL, M.METRIC]
@@ -66,8 +67,12 @@ def melt_chain_scores(chain_scores: DataFrame, metrics: Sequence[str], config_ha
 
 
 def long_frame(scores: DataFrame, chains: DataFrame, datasets: Sequence[str] | None = None) -> DataFrame:
-    """(dataset, label, metric, chain_id, label_value, score) for every labelled chain with a finite score."""
+    """(dataset, label, metric, chain_id, label_value, score) for every labelled chain with a finite score.
+
+    Not `first_error_index` (ProcessBench, step-labelled sets): a step's position, not a rating, so no order of
+    chains by quality (-1 is the best, 0 the worst); its evaluation is localise's."""
     labels = chains.select(C.CHAIN_ID, C.DATASET, F.explode(C.LABELS).alias(M.LABEL, VALUE))
+    labels = labels.where(F.col(M.LABEL) != SL.FIRST_ERROR_INDEX)
     if datasets:
         labels = labels.where(F.col(C.DATASET).isin(list(datasets)))
     finite = F.col(SCORE).isNotNull() & ~F.isnan(SCORE) & (F.abs(F.col(SCORE)) != float("inf"))
