@@ -174,9 +174,10 @@ def _why(metric: str, step: dict[str, Any], score: dict[str, Any]) -> str:
             f"{num(score.get(SS.INFO_GAIN))} = {num(score.get(SS.IG_L))} - {num(score.get(SS.IG_L_PREV))}",
         ),
     ]
-    # A registered step score without a row above (its parts) still shows its value at this step.
-    rows += [(m, num(score.get(m))) for m in CS.metric_names() if m not in _EXPLAINED]
-    numeric = _NUMERIC_ROWS | {m for m in CS.metric_names() if m not in _EXPLAINED}
+    # A registered step score the rows above do not explain part by part still shows its value at this step.
+    others = [m for m in CS.metric_names() if m not in _EXPLAINED]
+    rows += [(m, num(score.get(m))) for m in others]
+    numeric = _NUMERIC_ROWS | set(others)  # num() has escaped them already
     body = "".join(f"<tr><td>{esc(k)}</td><td>{v if k in numeric else esc(v)}</td></tr>" for k, v in rows)
     return f'<table class="why">{body}</table>'
 
