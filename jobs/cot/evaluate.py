@@ -30,6 +30,7 @@ from jobs.infra.config import CotSettings, Settings
 from jobs.infra.progress import Progress, counted
 from jobs.infra.stage import Job, Stage
 from schemas import cot as S
+from schemas import metrics as MR
 from udfs import cot_text
 
 log = logging.getLogger(__spec__.name)
@@ -355,12 +356,7 @@ def compute_metrics(pred: pd.DataFrame, resamples: int = 1000, confidence: float
     Per template and per task; per dataset the macro mean over tasks (a templated task counts with its
     median over templates, as T0 reports) and the micro mean over rows; bootstrap CIs beside each value.
     """
-    columns = {
-        "accuracy": S.CORRECT,
-        "numeric_match": S.NUMERIC_CORRECT,
-        "acc_norm_token": S.CORRECT_PER_TOKEN,
-        "acc_norm_byte": S.CORRECT_PER_BYTE,
-    }
+    columns = {m.name: m.source for m in MR.of_table(MR.COT_METRICS)}  # metric -> its predictions column
     out: list[dict[str, Any]] = []
     for (dataset, mode, model), part in pred.groupby([S.DATASET, S.MODE, S.MODEL], sort=True):
         for metric, column in columns.items():

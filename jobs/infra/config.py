@@ -34,6 +34,7 @@ from jobs.infra.ingest_presets import (
     Preset,
     effective_mapping,
 )
+from schemas import metrics as MR
 from udfs.paths import PathSyntaxError, compile_source
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -456,12 +457,9 @@ class MetaEvalSettings(Section):
     ci_level: float = Field(0.95, gt=0, lt=1)
     # None: Settings.scoring_hash(), the ReCEval scores of the current configuration.
     config_hash: str | None = None
-    # chain_scores columns evaluated (booleans count as 0/1); baseline_scores metrics are all evaluated.
-    metrics: list[str] = Field(
-        default_factory=lambda: [
-            "intra_entail_min", "intra_pvi_min", "inter_min", "info_gain_min", "api_1", "api_2", "api_3",
-        ]
-    )
+    # chain_scores columns evaluated (booleans count as 0/1); baseline_scores metrics are all evaluated. Default:
+    # every step score's chain score and API_k, as the metric registry (schemas/metrics.py) lists them.
+    metrics: list[str] = Field(default_factory=lambda: MR.chain_score_columns())
     datasets: list[str] | None = None  # None: every dataset with labels
     include_baselines: bool = True
 

@@ -2,7 +2,7 @@
 
 The scores land in a long table (chain_id, metric, score) that `meta_eval` reads beside `chain_scores`, so
 baselines and ReCEval go through the same Somers' D code and sit side by side in one table. With
-`baselines.per_step`, the per-step forms of five of them (schemas/baseline_scores.STEP_METRICS) also land in
+`baselines.per_step`, the per-step forms of five of them (schemas/metrics.py, step_baseline_scores) also land in
 `step_baseline_scores` (chain_id, step_idx, metric, score), which the localisation job evaluates beside the ReCEval
 step scores (`localise.step_baselines`); both come from the same model calls.
 """

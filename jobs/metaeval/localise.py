@@ -33,6 +33,7 @@ from jobs.infra.stage import Job, Stage
 from jobs.metaeval.meta_eval import melt
 from schemas import chains as C
 from schemas import localisation as LO
+from schemas import metrics as MR
 from schemas import step_labels as SL
 from schemas import step_scores as SS
 from udfs import localise as L
@@ -50,9 +51,10 @@ LONG_SCHEMA = StructType([
 
 def melt_step_scores(step_scores: DataFrame, metrics: Sequence[str], config_hash: str) -> DataFrame:
     """step_scores (one config hash) -> (chain_id, step_idx, metric, score)."""
-    unknown = sorted(set(metrics) - set(SS.METRICS))
+    known = MR.names(MR.STEP_SCORES)
+    unknown = sorted(set(metrics) - set(known))
     if unknown:
-        raise ValueError(f"localise.metrics: {unknown} are not step_scores metrics ({sorted(SS.METRICS)})")
+        raise ValueError(f"localise.metrics: {unknown} are not step_scores metrics ({sorted(known)})")
     return melt(step_scores.where(F.col(SS.CONFIG_HASH) == config_hash), [SS.CHAIN_ID, SS.STEP_IDX], metrics)
 
 

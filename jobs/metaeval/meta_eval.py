@@ -27,6 +27,7 @@ from schemas import baseline_scores as B
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import meta_eval as M
+from schemas import metrics as MR
 from schemas import step_labels as SL
 from udfs import somers
 
@@ -60,7 +61,7 @@ def melt(wide: DataFrame, keys: Sequence[str], metrics: Sequence[str]) -> DataFr
 
 def melt_chain_scores(chain_scores: DataFrame, metrics: Sequence[str], config_hash: str) -> DataFrame:
     """chain_scores (one config hash) -> (chain_id, metric, score); booleans (API_k) count as 0/1."""
-    unknown = sorted(set(metrics) - set(CS.SCHEMA.fieldNames()))
+    unknown = sorted(set(metrics) - set(CS.schema().fieldNames()))
     if unknown:
         raise ValueError(f"meta_eval.metrics: {unknown} are not chain_scores columns")
     return melt(chain_scores.where(F.col(CS.CONFIG_HASH) == config_hash), [CS.CHAIN_ID], metrics)
@@ -181,6 +182,11 @@ def transform(spark: SparkSession, chain_scores: DataFrame, chains: DataFrame, b
 
 
 # ---------------------------------------------------------------------------------------------- reports
+def _row_order(metric: str) -> tuple[bool, str]:
+    """ReCEval's chain scores first, then the baselines, each by name."""
+    return metric in MR.names(MR.BASELINE_SCORES), metric
+
+
 def _fmt(d: float | None, low: float | None, high: float | None) -> str:
     if d is None:
         return "n/a"
@@ -201,7 +207,7 @@ def markdown_table(rows: list[dict]) -> str:
                 for r in rows if r[M.DATASET] in members]
         dataset = title
         labels = sorted({r[M.LABEL] for r in mine})
-        metrics = sorted({r[M.METRIC] for r in mine}, key=lambda m: (m in B.METRICS, m))
+        metrics = sorted({r[M.METRIC] for r in mine}, key=_row_order)
         cell = {(r[M.METRIC], r[M.LABEL]): r for r in mine}
         n = {lab: max(r[M.N] for r in mine if r[M.LABEL] == lab) for lab in labels}
         errors = {lab: max(r[M.N_ERRORS] for r in mine if r[M.LABEL] == lab) for lab in labels}
@@ -232,7 +238,7 @@ def heatmap_png(rows: list[dict]) -> bytes:
     import numpy as np
 
     columns = sorted({(r[M.DATASET], r[M.LABEL]) for r in rows})
-    metrics = sorted({r[M.METRIC] for r in rows}, key=lambda m: (m in B.METRICS, m))
+    metrics = sorted({r[M.METRIC] for r in rows}, key=_row_order)
     grid = np.full((len(metrics), len(columns)), np.nan)
     for r in rows:
         if r[M.SOMERS_D] is not None:

@@ -553,14 +553,15 @@ def label_scores_table(rows: list[dict[str, Any]]):
     """The summary's "Scores by label" table: mean chain scores of this run's chains per dataset and label."""
     from rich.table import Table
 
-    from jobs.receval.aggregate import LABEL_SCORE_COLS
+    from jobs.receval.aggregate import label_score_cols
 
+    cols = label_score_cols()
     t = Table(title="Scores by label (chains scored by this run; mean of each chain's min over steps; "
                     "label value 1 = no error, 0 = error)")
-    for col in ("dataset", "label", "value", "chains", *LABEL_SCORE_COLS):
+    for col in ("dataset", "label", "value", "chains", *cols):
         t.add_column(col, justify="left" if col in ("dataset", "label") else "right")
     for r in rows:
-        means = ["-" if r[c] is None else f"{r[c]:.3f}" for c in LABEL_SCORE_COLS]
+        means = ["-" if r[c] is None else f"{r[c]:.3f}" for c in cols]
         value = "" if r["value"] is None else f"{r['value']:g}"
         t.add_row(str(r["dataset"]), r["label"], value, str(r["chains"]), *means)
     return t
