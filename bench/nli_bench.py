@@ -21,7 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jobs.infra.config import PerturbSettings, resolve_path  # noqa: E402
+from jobs.infra.config import resolve_path  # noqa: E402
+from jobs.metaeval.settings import PerturbSettings  # noqa: E402
 
 
 def eb_chains(n: int):

@@ -18,8 +18,9 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs.infra import tables
-from jobs.infra.config import HumanLabelSettings, Settings, resolve_path
+from jobs.infra.config import Settings, resolve_path
 from jobs.infra.tracking import job
+from jobs.metaeval.settings import HumanLabelSettings
 from schemas import chains as C
 from schemas.chains import content_hash
 

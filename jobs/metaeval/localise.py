@@ -28,9 +28,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, StructType
 
 from jobs.infra import tables
-from jobs.infra.config import LocaliseSettings, Settings
+from jobs.infra.config import Settings
 from jobs.infra.tracking import job
 from jobs.metaeval.meta_eval import melt
+from jobs.metaeval.settings import LocaliseSettings
 from schemas import chains as C
 from schemas import localisation as LO
 from schemas import step_labels as SL

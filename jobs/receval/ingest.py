@@ -27,9 +27,16 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
 
 from jobs.infra import tables
-from jobs.infra.config import IngestSettings, Settings, resolve_path
-from jobs.infra.ingest_presets import METADATA_PREFIX, STEP_KEYS, batch_failure, chat_fields, split_reasoning
+from jobs.infra.config import Settings, resolve_path
 from jobs.infra.tracking import job
+from jobs.receval.ingest_presets import (
+    METADATA_PREFIX,
+    STEP_KEYS,
+    batch_failure,
+    chat_fields,
+    split_reasoning,
+)
+from jobs.receval.settings import IngestSettings
 from schemas import chains as C
 from schemas import quarantine as Q
 from udfs.paths import PathError, Source, compile_source

@@ -19,8 +19,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from jobs.infra import tables
-from jobs.infra.config import ModelRef, NliSettings, Settings
+from jobs.infra.config import ModelRef, Settings
 from jobs.infra.tracking import job
+from jobs.receval.settings import NliSettings
 from schemas import step_scores as SS
 from schemas import steps as S
 from udfs import nli, runtime

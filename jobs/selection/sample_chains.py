@@ -33,8 +33,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.infra import tables
-from jobs.infra.config import SampleSettings, Settings, resolve_path
+from jobs.infra.config import Settings, resolve_path
 from jobs.infra.tracking import job
+from jobs.selection.settings import SampleSettings
 from schemas import chains as C
 from udfs import sampling
 

@@ -15,9 +15,10 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 from tolerance import EXACT_FRAME
 
-from jobs.infra.config import PROJECT_ROOT, IngestSettings, Settings
+from jobs.infra.config import PROJECT_ROOT, Settings
 from jobs.receval import ingest, nli_scores
 from jobs.receval import steps as J
+from jobs.receval.settings import IngestSettings
 from schemas import chains as C
 from schemas import step_scores as SS
 from schemas import steps as S
@@ -186,8 +187,8 @@ def test_chains_table_made_before_step_rcus_gains_the_column(spark, settings):
 @pytest.mark.dataset("entailment_bank")
 @pytest.mark.parametrize("kind", ["HALL", "SWAP", "REP", "REMOVE"])
 def test_perturbed_chains_carry_the_units_of_their_own_rendering(kind):
-    from jobs.infra.config import PerturbSettings
     from jobs.metaeval import perturb as P
+    from jobs.metaeval.settings import PerturbSettings
 
     cfg = PerturbSettings(gold_rcus=True)
     rows, task2, ids = (part[:12] for part in P.kept_rows(cfg))

@@ -8,8 +8,8 @@ import pytest
 from conftest import require_datasets
 
 from jobs.infra import tables
-from jobs.infra.config import HumanLabelSettings
 from jobs.metaeval import human_labels as H
+from jobs.metaeval.settings import HumanLabelSettings
 from schemas import chains as C
 
 ROSCOE = HumanLabelSettings()

@@ -15,7 +15,8 @@ from pyspark.testing import assertDataFrameEqual, assertSchemaEqual
 from tolerance import EXACT_ABS, EXACT_REL, exact, prob_approx
 
 from jobs.infra import tables
-from jobs.infra.config import PROJECT_ROOT, SMALL_NLI, PerturbSettings, Settings, resolve_path, small_built
+from jobs.infra.config import PROJECT_ROOT, SMALL_NLI, Settings, resolve_path, small_built
+from jobs.metaeval.settings import PerturbSettings
 from jobs.receval import nli_scores
 from schemas import quarantine as Q
 from schemas import step_scores as SS
