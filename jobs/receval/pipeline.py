@@ -59,7 +59,7 @@ def _steps(chains: DataFrame, settings: Settings) -> tuple[DataFrame, DataFrame,
 
 def _aggregate(step_scores: DataFrame, settings: Settings) -> DataFrame:
     from jobs.receval import aggregate
-    return aggregate.transform(step_scores, settings)
+    return aggregate.transform(step_scores, settings.aggregate)
 
 
 @dataclass(frozen=True)
