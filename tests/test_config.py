@@ -199,3 +199,30 @@ def test_settings_without_arguments_hash_as_the_defaults():
 
     assert Settings().scoring_hash() == "0682b5bc241c82e1"
     assert Settings(steps={"extractor": "spacy"}).steps.extractor == "spacy"
+
+
+def test_settings_model_refuses_sections_it_cannot_order_or_hash(monkeypatch):
+    # A room's section joins Settings by its ClassVars alone: two in one place, or two hash keys alike, would
+    # change print-config or the scoring hash silently.
+    from typing import ClassVar
+
+    from jobs.infra import config
+
+    class Twin(config.Section):
+        order: ClassVar[int] = config.SparkSettings.order
+
+    class Unplaced(config.Section):
+        pass
+
+    class Clash(config.Section):
+        order: ClassVar[int] = 5
+        scoring_fields: ClassVar[tuple[str, ...]] = ("max_length",)
+
+    for name, section, match in [("twin", Twin, "'twin' needs an `order` of its own"),
+                                 ("unplaced", Unplaced, "'unplaced' needs an `order`"),
+                                 ("clash", Clash, "same key into the scoring hash")]:
+        monkeypatch.setattr(config, "room_sections", lambda name=name, section=section: {name: section})
+        with pytest.raises(TypeError, match=match):
+            config.settings_model.__wrapped__()
+    monkeypatch.undo()
+    assert list(config.settings_model.__wrapped__().model_fields) == SECTION_ORDER
