@@ -63,7 +63,8 @@ def spark_rate(spark, settings, records) -> tuple[int, float]:
     df = frame(spark, records).repartition(2).cache()
     df.count()
     start = time.perf_counter()
-    steps, contexts, quarantined = J.transform(df, settings)
+    steps, contexts, quarantined = J.transform(df, settings.steps, settings.models, settings.runtime,
+                                               settings.scoring_hash())
     n = steps.count()
     elapsed = time.perf_counter() - start
     assert contexts.count() + quarantined.count() == len(records)

@@ -54,7 +54,7 @@ ALL_TABLES = ["chains", "quarantine", "input_files", *HASHED_TABLES]
 # -- the stage functions (the real ones are imported when first used, so fakes can stand in) -------------
 def _steps(chains: DataFrame, settings: Settings) -> tuple[DataFrame, DataFrame, DataFrame]:
     from jobs.receval import steps
-    return steps.transform(chains, settings)
+    return steps.transform(chains, settings.steps, settings.models, settings.runtime, settings.scoring_hash())
 
 
 def _aggregate(step_scores: DataFrame, settings: Settings) -> DataFrame:
@@ -102,7 +102,8 @@ def _steps_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
             from jobs.receval import steps as steps_job
 
             # The three outputs share one spaCy pass.
-            steps, contexts, bad = steps_job.transform(chains, ctx.settings, hold)
+            s = ctx.settings
+            steps, contexts, bad = steps_job.transform(chains, s.steps, s.models, s.runtime, ctx.config_hash, hold)
         else:
             steps, contexts, bad = ctx.transforms.steps(chains, ctx.settings)
             steps, contexts = hold(steps), hold(contexts)

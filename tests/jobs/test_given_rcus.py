@@ -139,9 +139,12 @@ def test_given_units_score_as_the_same_units_extracted(spark, settings):
     results = []
     for rec in recs:
         df = spark.createDataFrame([{c: rec.get(c) for c in C.SCHEMA.fieldNames()}], C.SCHEMA)
-        steps, contexts, quarantined = J.transform(df, settings)
+        steps, contexts, quarantined = J.transform(df, settings.steps, settings.models, settings.runtime,
+                                                   settings.scoring_hash())
         assert quarantined.count() == 0
-        results.append((steps, nli_scores.transform(steps, contexts, settings, predict=_fake_factory)))
+        scores = nli_scores.transform(steps, contexts, settings.nli, settings.models.nli, settings.runtime,
+                                      predict=_fake_factory)
+        results.append((steps, scores))
     (steps_e, scores_e), (steps_g, scores_g) = results
     assert {r[S.EXTRACTOR] for r in steps_e.collect()} == {f"clauses:{settings.models.spacy}"}
     assert {r[S.EXTRACTOR] for r in steps_g.collect()} == {"given"}
