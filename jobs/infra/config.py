@@ -5,6 +5,11 @@ the platform's part: the loader, the override parsing, --print-config provenance
 machinery and the platform's own sections (spark, paths, mlflow, models, runtime, log, maintain). Every room
 declares its sections in `jobs/<room>/settings.py` (`SECTIONS`); `settings_model` finds them at run time and
 composes the one `Settings` model, so the platform names no room.
+
+A new section: a `Section` subclass in its room's settings.py, listed in that module's SECTIONS under the key it
+has in the config, with `order` (a ClassVar int no other section has: where it stands in --print-config and every
+dump) and, only if its options change a score, `scoring_exclude` (Settings.scoring_hash; a new key there changes
+every config hash, and the lake keys its rows by it).
 """
 
 from __future__ import annotations
