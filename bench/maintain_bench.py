@@ -40,7 +40,7 @@ def night_rows(spark, night: int, batch: int, n: int):
         F.concat(F.lit(f"n{night}-b{batch}-"), F.col("id").cast("string")).alias(CS.CHAIN_ID),
         F.when(F.col("id") % 2 == 0, F.lit(CURRENT)).otherwise(F.lit(OLD)).alias(CS.CONFIG_HASH),
         (F.col("id") % 7 + 1).cast("int").alias(CS.N_STEPS),
-        *[F.rand(seed=night * 100 + batch + i).alias(CS.min_col(m)) for i, m in enumerate(CS.METRIC_NAMES)],
+        *[F.rand(seed=night * 100 + batch + i).alias(CS.min_col(m)) for i, m in enumerate(CS.metric_names())],
     )
     return tables.conform(ids.select("*", *[F.lit(None).alias(c) for c in CS.SCHEMA.fieldNames()
                                             if c not in ids.columns]), CS.SCHEMA)

@@ -1,5 +1,5 @@
-"""`chain_scores`: per chain and config hash, each metric's min over steps (the chain score), its worst step,
-mean, and API_k. Every score is higher-is-better."""
+"""`chain_scores`: per chain and config hash, each step score's min over steps (the chain score), its worst step,
+mean, and API_k: the aggregations schemas/metrics.py declares. Every score is higher-is-better."""
 
 from __future__ import annotations
 
@@ -13,33 +13,42 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from schemas.step_scores import INFO_GAIN, INTER, INTRA_ENTAIL, INTRA_PVI, METRICS
+from schemas import metrics as MR
 
 CHAIN_ID = "chain_id"
 CONFIG_HASH = "config_hash"
 N_STEPS = "n_steps"
-METRIC_NAMES = [INTRA_ENTAIL, INTRA_PVI, INTER, INFO_GAIN]
-API_KS = [1, 2, 3]
+API_KS = list(MR.API_KS)
 
 
 def min_col(metric: str) -> str:
     """The chain score: min over steps (a chain is as good as its worst step)."""
-    return f"{metric}_min"
+    return MR.chain_column(metric, MR.MIN)
 
 
 def worst_step_col(metric: str) -> str:
     """0-based index of the step that gave the min (first one on ties)."""
-    return f"{metric}_worst_step"
+    return MR.chain_column(metric, MR.WORST_STEP)
 
 
 def mean_col(metric: str) -> str:
-    return f"{metric}_mean"
+    return MR.chain_column(metric, MR.MEAN)
 
 
 def api_col(k: int) -> str:
     """API_k: True when every window of k consecutive info_gain values sums to > 0 (chains shorter than k:
     the whole chain is the one window)."""
-    return f"api_{k}"
+    return MR.api_column(k)
+
+
+def metric_names() -> list[str]:
+    """The step scores chain_scores aggregates, in column order (the registry's, read now)."""
+    return MR.names(MR.STEP_SCORES)
+
+
+def score_columns() -> list[str]:
+    """Each step score's chain score (its min over steps), in column order."""
+    return [min_col(m) for m in metric_names()]
 
 
 NLI_MODEL = "nli_model"
@@ -48,27 +57,33 @@ PVI_NULL_MODEL = "pvi_null_model"
 IG_MODEL = "ig_model"
 SCORED_AT = "scored_at"
 
-SCHEMA = StructType(
-    [
-        StructField(CHAIN_ID, StringType(), False),
-        StructField(CONFIG_HASH, StringType(), False),
-        StructField(N_STEPS, IntegerType(), False),
-        *[
-            field
-            for m in METRIC_NAMES
-            for field in (
-                StructField(min_col(m), DoubleType(), True),
-                StructField(worst_step_col(m), IntegerType(), True),
-                StructField(mean_col(m), DoubleType(), True),
-            )
-        ],
-        *[StructField(api_col(k), BooleanType(), True) for k in API_KS],
-        StructField(NLI_MODEL, StringType(), True),
-        StructField(PVI_MODEL, StringType(), True),
-        StructField(PVI_NULL_MODEL, StringType(), True),
-        StructField(IG_MODEL, StringType(), True),
-        StructField(SCORED_AT, TimestampType(), True),
-    ]
-)
+_TYPES = {MR.MIN: DoubleType(), MR.WORST_STEP: IntegerType(), MR.MEAN: DoubleType()}
 
-__all__ = ["METRICS", "SCHEMA"]
+
+def schema() -> StructType:
+    """The contract from the registry as it is now: per step score (registry order) a column per aggregation it
+    declares, then API_k. `SCHEMA` is this at import; a job writing chain scores conforms to `schema()`."""
+    metric_fields = [
+        StructField(MR.chain_column(m.name, agg), _TYPES[agg], True)
+        for m in MR.of_table(MR.STEP_SCORES)
+        for agg in (MR.MIN, MR.WORST_STEP, MR.MEAN)
+        if agg in m.aggregations
+    ]
+    api = [StructField(api_col(k), BooleanType(), True) for k in API_KS] if MR.api_metric() is not None else []
+    return StructType(
+        [
+            StructField(CHAIN_ID, StringType(), False),
+            StructField(CONFIG_HASH, StringType(), False),
+            StructField(N_STEPS, IntegerType(), False),
+            *metric_fields,
+            *api,
+            StructField(NLI_MODEL, StringType(), True),
+            StructField(PVI_MODEL, StringType(), True),
+            StructField(PVI_NULL_MODEL, StringType(), True),
+            StructField(IG_MODEL, StringType(), True),
+            StructField(SCORED_AT, TimestampType(), True),
+        ]
+    )
+
+
+SCHEMA = schema()

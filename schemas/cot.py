@@ -18,6 +18,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from schemas import metrics as MR
+
 # Common example schema (loaders -> this; users may bring their own JSONL in it).
 DATASET = "dataset"
 TASK = "task"
@@ -83,18 +85,9 @@ PREDICTIONS_SCHEMA = StructType(
 )
 
 GROUP = "group"  # task name; "task/template" for aggregate=template; "*" for dataset-level means
-# template: one P3 template; task: all rows of a task; median_template: median over a task's templates (T0);
-# macro: mean over tasks of the task value (median over templates for templated tasks; CoT Collection);
-# micro: mean over all rows of the dataset (lm-evaluation-harness).
-AGGREGATE = "aggregate"
-AGGREGATES = ("template", "task", "median_template", "macro", "micro")
-METRIC_NAME = "metric"
-METRICS = {
-    "accuracy": "share of rows with `correct` (classification accuracy; exact match for generation); higher is better",
-    "numeric_match": "share of numeric-gold generation rows whose answer is the same number; higher is better",
-    "acc_norm_token": "classification accuracy ranking options by log-prob per token; higher is better",
-    "acc_norm_byte": "classification accuracy ranking options by log-prob per byte; higher is better",
-}
+AGGREGATE = "aggregate"  # one of AGGREGATES (schemas/metrics.COT_AGGREGATES says what each is)
+AGGREGATES = MR.COT_AGGREGATES
+METRIC_NAME = "metric"  # a cot_metrics metric of the registry (schemas/metrics.py: definition, source column)
 VALUE = "value"
 CI_LOW = "ci_low"  # bootstrap percentile interval (scipy.stats.bootstrap), cot.confidence; null if n < 2
 CI_HIGH = "ci_high"

@@ -1,4 +1,5 @@
-"""`step_scores`: ReCEval scores per step (all higher-is-better), keyed by chain, step and config hash."""
+"""`step_scores`: ReCEval scores per step (all higher-is-better; defined in schemas/metrics.py), keyed by chain, step
+and config hash."""
 
 from __future__ import annotations
 
@@ -12,38 +13,14 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from schemas import metrics as MR
+
 CHAIN_ID = "chain_id"
 STEP_IDX = "step_idx"
 CONFIG_HASH = "config_hash"  # Settings.scoring_hash(): models and scoring options
 
-INTRA_ENTAIL = "intra_entail"
-INTER = "inter"
-INTRA_PVI = "intra_pvi"
-INFO_GAIN = "info_gain"
-
-# metric -> (definition, direction). Every ReCEval score is higher-is-better.
-METRICS: dict[str, tuple[str, str]] = {
-    INTRA_ENTAIL: (
-        "P_entail(premise = ' and '.join(premise RCUs + earlier conclusions), hypothesis = conclusion RCU); "
-        "1.0 when there is no premise text. Range [0, 1].",
-        "higher is better",
-    ),
-    INTER: (
-        "1 - max P_contradiction(r, conclusion) over r in context sentences + earlier conclusions; "
-        "1.0 when that set is empty. Range [0, 1].",
-        "higher is better",
-    ),
-    INTRA_PVI: (
-        "meanlogp_g(conclusion | premises) - meanlogp_g'(conclusion | None): nats of usable information "
-        "the premises give about the conclusion.",
-        "higher is better",
-    ),
-    INFO_GAIN: (
-        "L(i) - L(i-1), L(k) = meanlogp(' ' + answer | steps 1..k + ' Therefore,'): nats the step adds "
-        "towards the predicted answer.",
-        "higher is better",
-    ),
-}
+# The step scores' columns; their definitions, directions and chain aggregations are in the registry.
+INTRA_ENTAIL, INTER, INTRA_PVI, INFO_GAIN = MR.INTRA_ENTAIL, MR.INTER, MR.INTRA_PVI, MR.INFO_GAIN
 
 INTER_WORST_PREMISE = "inter_worst_premise"  # the sentence or earlier conclusion with max contradiction
 INTER_WORST_SOURCE = "inter_worst_source"  # context | step:<j>

@@ -39,10 +39,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 def _dataset(argv: list[str]) -> str:
-    from jobs.infra import tables
+    from jobs.infra.stage import settings_of
 
-    settings, _ = tables.job_args("select_gsm8k", argv)
-    return settings.sample.dataset
+    return settings_of(argv).sample.dataset
 
 
 if __name__ == "__main__":

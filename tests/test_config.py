@@ -124,13 +124,13 @@ def test_config_file_reads_yes_and_no_as_their_field_types(tmp_path: Path):
 
 
 def test_print_config_names_the_layer_of_every_value(tmp_path: Path, capsys, monkeypatch):
-    from jobs.infra.tables import job_args
+    from jobs.infra.stage import Stage
 
     cfg = tmp_path / "night.yaml"
     cfg.write_text("runtime:\n  batch_size: 8\n")
     monkeypatch.setenv("RECEVAL__HUMAN_LABELS__OK_VALUE", "no")
     with pytest.raises(SystemExit) as stop:
-        job_args("x", ["--config", str(cfg), "--set", "human_labels.error_value=yes", "--print-config"])
+        Stage("x", "a stage").main(["--config", str(cfg), "--set", "human_labels.error_value=yes", "--print-config"])
     assert stop.value.code == 0
     lines = {line.split(":")[0]: line for line in capsys.readouterr().out.splitlines()}
     assert lines["human_labels.error_value"].endswith("# --set human_labels.error_value=yes")
@@ -150,15 +150,16 @@ def test_quoted_override_is_the_text_inside_the_quotes():
 
 
 # The defaults and scoring hashes as they were when every room's sections still lived in jobs/infra/config.py
-# (commit 34ece97): composing the settings from the rooms (issue 29) must change none of them. A change of a
-# default is a change of behaviour: it updates tests/data/config_defaults.json in the same commit, regenerated
-# with `python -c "import json; from jobs.infra.config import load_settings;
-# print(json.dumps(load_settings(environ={}).model_dump(mode='json'), indent=1, ensure_ascii=False))"`.
+# (commit 34ece97, then main's processbench section and human_labels.companion_labels): composing the settings
+# from the rooms (issue 29) must change none of them. A change of a default is a change of behaviour: it updates
+# tests/data/config_defaults.json in the same commit, regenerated with `python -c "import json; from
+# jobs.infra.config import load_settings; print(json.dumps(load_settings(environ={}).model_dump(mode='json'),
+# indent=1, ensure_ascii=False))"`.
 DEFAULTS_DUMP = Path(__file__).parent / "data" / "config_defaults.json"
 SECTION_ORDER = [
     "profile", "spark", "paths", "mlflow", "models", "runtime", "ingest", "steps", "nli", "pvi", "train_pvi",
-    "train_nli", "aggregate", "perturb", "meta_eval", "localise", "human_labels", "baselines", "select", "sample",
-    "curation", "cot", "pipeline", "log", "maintain", "export",
+    "train_nli", "aggregate", "perturb", "meta_eval", "localise", "processbench", "human_labels", "baselines",
+    "select", "sample", "curation", "cot", "pipeline", "log", "maintain", "export",
 ]
 
 

@@ -227,6 +227,34 @@ def test_fetch_from_mirror_copies_and_verifies(tmp_path: Path, upstream: Upstrea
     assert _nothing_in_place(tmp_path / "b")
 
 
+def test_fetch_from_a_mirror_without_an_optional_file_places_the_rest(
+    tmp_path: Path, upstream: Upstream, caplog, capsys
+) -> None:
+    entries = [_entry("part/one.txt", upstream.url("one.txt"), ONE),
+               {**_entry("part/two.bin", upstream.url("two.bin"), TWO), "optional": True}]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"datasets": {"part": {
+        "description": "", "source": "", "licence": "", "files": entries}}}))  # fmt: skip
+    catalogue = load_catalogue(tmp_path / "c.yaml")
+    mirror, root = tmp_path / "mirror", tmp_path / "data"
+    (mirror / "part").mkdir(parents=True)
+    (mirror / "part/one.txt").write_bytes(ONE)
+    assert fetch(["part"], root, mirror=mirror, catalogue=catalogue) == [root / "part/one.txt"]
+    assert "the mirror" in caplog.text and "lacks the optional part/two.bin" in caplog.text
+    assert is_present(catalogue["part"], root) and not is_present(catalogue["part"], root, optional=True)
+    assert fetch(["part"], root, mirror=mirror, catalogue=catalogue) == [root / "part/one.txt"]
+    assert upstream.requests == [] and not (root / ".staging").exists()
+    args = ["--data", str(root), "--catalogue", str(tmp_path / "c.yaml")]
+    assert data.main(["list", *args]) == 0
+    assert "present, 1 optional missing" in capsys.readouterr().out
+    # A download gets it like any other file.
+    assert fetch(["part"], root, catalogue=catalogue) == [root / "part/one.txt", root / "part/two.bin"]
+    assert (root / "part/two.bin").read_bytes() == TWO and is_present(catalogue["part"], root, optional=True)
+    # A required file the mirror lacks still fails the dataset.
+    (mirror / "part/one.txt").unlink()
+    with pytest.raises(FetchError, match="part/one.txt: not in the mirror"):
+        fetch(["part"], tmp_path / "other", mirror=mirror, catalogue=catalogue)
+
+
 def test_fetch_unknown_name_lists_the_known_ones(tmp_path: Path, catalogue) -> None:
     with pytest.raises(UnknownDataset, match="'nope'.*known: tiny, derived"):
         fetch(["tiny", "nope"], tmp_path, catalogue=catalogue)
@@ -265,7 +293,7 @@ def _data_defaults(model: BaseModel) -> list[str]:
 
 def test_real_catalogue_is_consistent() -> None:
     catalogue = load_catalogue()
-    assert set(catalogue) == {"entailment_bank", "roscoe_gsm8k", "bbh", "mgsm", "p3_heldout", "sick"}
+    assert set(catalogue) == {"entailment_bank", "roscoe_gsm8k", "processbench", "bbh", "mgsm", "p3_heldout", "sick"}
     files = [f for d in catalogue.values() for f in d.files]
     paths = [f.path for f in files]
     assert len(paths) == len(set(paths))
@@ -283,6 +311,8 @@ def test_real_catalogue_matches_the_mirror() -> None:
     for dataset in load_catalogue().values():
         for f in dataset.files:
             local = Path(mirror) / f.path
+            if f.optional and not local.is_file():  # a mirror may lack it (ProcessBench's OlympiadBench, Omni-MATH)
+                continue
             assert local.is_file(), f"{f.path} missing from {mirror}"
             assert local.stat().st_size == f.bytes, f.path
             assert hashlib.sha256(local.read_bytes()).hexdigest() == f.sha256, f.path

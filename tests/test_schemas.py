@@ -5,13 +5,13 @@ from __future__ import annotations
 from pyspark.testing import assertSchemaEqual
 
 from jobs.infra import tables
-from schemas import chain_scores, chains, cot, meta_eval, quarantine, step_scores, steps
+from schemas import chain_scores, chains, cot, meta_eval, metrics, quarantine, step_scores, steps
 
 
 def test_every_metric_has_definition_and_direction():
-    for name, (definition, direction) in step_scores.METRICS.items():
-        assert definition and direction == "higher is better", name
-    assert set(chain_scores.METRIC_NAMES) == set(step_scores.METRICS)
+    for m in metrics.REGISTRY:
+        assert m.definition and m.direction_text == "higher is better", m
+    assert chain_scores.metric_names() == metrics.names("step_scores")
 
 
 def test_step_scores_schema_holds_nli_and_pvi_columns():

@@ -1,6 +1,6 @@
 """ROSCOE baseline scores (SA, SS, LI, REP) and ROUGE-2 for one chain: numpy maths plus MiniLM/NLI calls.
 
-Definitions: schemas/baseline_scores.METRICS (after ROSCOE's `score.py`). Embeddings are mean-pooled MiniLM
+Definitions: schemas/metrics.py (after ROSCOE's `score.py`). Embeddings are mean-pooled MiniLM
 token states (all-MiniLM-L6-v2's own pooling); token embeddings are the same model's token states without
 [CLS]/[SEP]. No Spark and no tables here.
 """
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from schemas import metrics as MR
 
 # (premises, hypotheses) -> P(contradiction) per pair
 ContradictFn = Callable[[list[str], list[str]], np.ndarray]
@@ -104,15 +106,9 @@ def embedding_scores(e: ChainEmbeddings, reference_based: bool) -> dict[str, flo
 
 
 # Per-step forms of the reference-free scores whose chain value is a mean or min over steps (ROSCOE's step-level
-# view: each chain score aggregates one value per step). The chain value is the aggregation named here of the
-# per-step values; schemas/baseline_scores.STEP_METRICS defines them.
-STEP_AGGREGATION: dict[str, str] = {
-    "roscoe_sa_faithfulness_step": "mean",
-    "roscoe_sa_repetition_token": "min",
-    "roscoe_ss_repetition_step": "min",
-    "roscoe_li_source_consistency": "min",
-    "roscoe_li_self_consistency": "min",
-}
+# view: each chain score aggregates one value per step). The chain value is the aggregation ("mean" or "min") the
+# registry's step_baseline_scores metric declares (schemas/metrics.py defines them).
+STEP_AGGREGATION: dict[str, str] = {m.name: m.aggregations[0] for m in MR.of_table(MR.STEP_BASELINE_SCORES)}
 
 
 def step_embedding_scores(e: ChainEmbeddings) -> dict[str, np.ndarray]:

@@ -29,13 +29,14 @@ from jobs.cot.settings import CotSettings
 from jobs.infra import tables
 from jobs.infra.config import Settings
 from jobs.infra.progress import Progress, counted
-from jobs.infra.tracking import job
+from jobs.infra.stage import Job, Stage
 from schemas import cot as S
+from schemas import metrics as MR
 from udfs import cot_text
 
 log = logging.getLogger(__spec__.name)
 
-STAGE = "cot_eval"
+QUARANTINE_STAGE = "cot_eval"
 KEY = "_key"
 PRED_KEYS = [S.DATASET, S.TASK, S.TEMPLATE, S.EXAMPLE_ID, S.MODE, S.MODEL, S.PROTOCOL_HASH]
 METRIC_KEYS = [S.DATASET, S.MODE, S.MODEL, S.AGGREGATE, S.GROUP, S.METRIC_NAME]
@@ -356,12 +357,7 @@ def compute_metrics(pred: pd.DataFrame, resamples: int = 1000, confidence: float
     Per template and per task; per dataset the macro mean over tasks (a templated task counts with its
     median over templates, as T0 reports) and the micro mean over rows; bootstrap CIs beside each value.
     """
-    columns = {
-        "accuracy": S.CORRECT,
-        "numeric_match": S.NUMERIC_CORRECT,
-        "acc_norm_token": S.CORRECT_PER_TOKEN,
-        "acc_norm_byte": S.CORRECT_PER_BYTE,
-    }
+    columns = {m.name: m.source for m in MR.of_table(MR.COT_METRICS)}  # metric -> its predictions column
     out: list[dict[str, Any]] = []
     for (dataset, mode, model), part in pred.groupby([S.DATASET, S.MODE, S.MODEL], sort=True):
         for metric, column in columns.items():
@@ -566,7 +562,7 @@ def run(
                                 spark,
                                 settings,
                                 tables.quarantine_rows(
-                                    failed, STAGE, F.col("_reason"), F.col("_error"), chain_id=_key(),
+                                    failed, QUARANTINE_STAGE, F.col("_reason"), F.col("_error"), chain_id=_key(),
                                     source=F.col(S.MODE), run_id=run_id,
                                 ),
                             )  # fmt: skip
@@ -617,27 +613,34 @@ def publish_tables(settings: Settings, tracked: Any, metrics: pd.DataFrame, run_
     return {"html": str(kept)}
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    with job("cot_eval", __doc__, argv) as (spark, settings, tracked):
-        line = protocol_line(settings.cot)
-        (log.warning if settings.cot.departures() else log.info)(f"[cot_eval] {line}")
-        tracked.set_tags({"cot.protocol": settings.cot.protocol, "cot.departures": line})
-        result = run(spark, settings, tracked.local_id)
-        metrics: pd.DataFrame | None = result.pop("metrics")
-        tracked.log_metrics({k: v for k, v in result.items() if isinstance(v, (int, float))})
-        if metrics is not None:
-            top = metrics[metrics[S.AGGREGATE].isin(["macro", "micro"])]
-            tracked.log_metrics(
-                {f"{r[S.DATASET]}.{r[S.MODE]}.{r[S.AGGREGATE]}.{r[S.METRIC_NAME]}": r[S.VALUE] for _, r in top.iterrows()}
-            )
-            tracked.log_text("cot_metrics.csv", metrics.to_csv(index=False))
-            result["report"] = publish_tables(settings, tracked, metrics, tracked.local_id)["html"]
-        tracked.set_tags({"model": settings.models.cot.path, "family": settings.models.cot.family})
-        summary = {k: v for k, v in result.items() if not k.startswith("p3_template")}
-        log.info(f"[cot_eval] {summary} -> {settings.table('cot_predictions')}, {settings.table('cot_metrics')}")
-        if not all(result.get(f"{m}_reconciled", 1) for m in settings.cot.modes):
-            raise RuntimeError(f"cot_eval counts do not reconcile: {result}")
+def _body(job: Job) -> dict[str, Any]:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    line = protocol_line(settings.cot)
+    (log.warning if settings.cot.departures() else log.info)(f"[cot_eval] {line}")
+    tracked.set_tags({"cot.protocol": settings.cot.protocol, "cot.departures": line})
+    result = run(spark, settings, tracked.local_id)
+    metrics: pd.DataFrame | None = result.pop("metrics")
+    tracked.log_metrics({k: v for k, v in result.items() if isinstance(v, (int, float))})
+    if metrics is not None:
+        top = metrics[metrics[S.AGGREGATE].isin(["macro", "micro"])]
+        tracked.log_metrics(
+            {f"{r[S.DATASET]}.{r[S.MODE]}.{r[S.AGGREGATE]}.{r[S.METRIC_NAME]}": r[S.VALUE] for _, r in top.iterrows()}
+        )
+        tracked.log_text("cot_metrics.csv", metrics.to_csv(index=False))
+        result["report"] = publish_tables(settings, tracked, metrics, tracked.local_id)["html"]
+    tracked.set_tags({"model": settings.models.cot.path, "family": settings.models.cot.family})
+    summary = {k: v for k, v in result.items() if not k.startswith("p3_template")}
+    log.info(f"[cot_eval] {summary} -> {settings.table('cot_predictions')}, {settings.table('cot_metrics')}")
+    if not all(result.get(f"{m}_reconciled", 1) for m in settings.cot.modes):
+        raise RuntimeError(f"cot_eval counts do not reconcile: {result}")
     return result
+
+
+STAGE = Stage("cot_eval", __doc__, _body, writes=("cot_predictions", "cot_metrics", "quarantine"), section="cot")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from pathlib import Path
 import pandas as pd
 
 from jobs.cot.data import BBH_TASKS, MGSM_LANGUAGES
+from jobs.infra.config import Settings, resolve_path
+from jobs.infra.stage import Job, Stage
 from schemas import cot as S
 
 MODES = ("direct", "cot")
@@ -254,24 +256,23 @@ def print_tables(tables: Sequence[PaperTable], header: str | None = None) -> Non
         console.print(table.rich())
 
 
-def main(argv: list[str] | None = None) -> list[PaperTable]:
-    """Tables of one run, or two side by side, from the `cot_metrics` Delta table."""
-    from pyspark.sql import functions as F
-
-    from jobs.infra.config import load_settings
-    from jobs.infra.session import build_session
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", action="append", required=True, help="run id (cot_metrics.run_id); twice to compare")
     parser.add_argument("--label", action="append", help="a label per run (default: A, B)")
     parser.add_argument("--out", default=None, help="folder for md/csv/png/html (default: <lake>/_reports/cot)")
-    parser.add_argument("--set", action="append", default=[], dest="overrides")
-    args = parser.parse_args(argv)
+
+
+def _check(settings: Settings, args: argparse.Namespace) -> None:
     if len(args.run) > 2:
-        parser.error("at most two runs")
-    settings = load_settings(overrides=args.overrides)
-    spark = build_session(settings.spark)
-    metrics = spark.read.format("delta").load(settings.table("cot_metrics"))
+        raise SystemExit("paper_tables: at most two runs")
+
+
+def _body(job: Job) -> list[PaperTable]:
+    """Tables of one run, or two side by side, from the `cot_metrics` Delta table."""
+    from pyspark.sql import functions as F
+
+    settings, args = job.settings, job.args
+    metrics = job.spark.read.format("delta").load(settings.table("cot_metrics"))
     labels = args.label or ["A", "B"][: len(args.run)]
     runs = []
     for label, run in zip(labels, args.run, strict=False):
@@ -281,12 +282,18 @@ def main(argv: list[str] | None = None) -> list[PaperTable]:
         runs.append((label, frame))
     tables = paper_tables(runs, settings.cot.confidence)
     print_tables(tables)
-    from jobs.infra.config import resolve_path
-
     folder = Path(args.out) if args.out else resolve_path(settings.paths.lake) / "_reports" / "cot"
     paths = write(tables, folder, " vs ".join(f"{lbl}={r}" for lbl, r in zip(labels, args.run, strict=False)))
     print(f"written: {', '.join(str(p) for p in paths.values())}")
     return tables
+
+
+STAGE = Stage("paper_tables", __doc__, _body, reads=("cot_metrics",), section="cot", arguments=_arguments,
+              check=_check)
+
+
+def main(argv: list[str] | None = None) -> list[PaperTable]:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

@@ -89,6 +89,9 @@ class DataFile:
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
     # python_literals: `url` holds Python literals; the file is their JSON (bytes and sha256 are the JSON's).
     derive: Literal["python_literals"] | None = None
+    # The dataset is usable without this file (its jobs and tests read it only where it is): a mirror may lack
+    # it, and `fetch --from` then places the others and says which it left out. A download gets it like any file.
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -141,10 +144,15 @@ def load_catalogue(path: str | os.PathLike[str] = CATALOGUE) -> dict[str, Datase
     return catalogue
 
 
-def is_present(dataset: Dataset, data_dir: str | os.PathLike[str]) -> bool:
-    """Every file exists with the catalogue's size (no hashing: cheap enough for test markers and `list`)."""
+def _in_place(file: DataFile, root: Path) -> bool:
+    return (root / file.path).is_file() and (root / file.path).stat().st_size == file.bytes
+
+
+def is_present(dataset: Dataset, data_dir: str | os.PathLike[str], optional: bool = False) -> bool:
+    """Every file the dataset needs (with `optional`, every file) exists with the catalogue's size (no hashing:
+    cheap enough for test markers and `list`)."""
     root = Path(data_dir)
-    return all((root / f.path).is_file() and (root / f.path).stat().st_size == f.bytes for f in dataset.files)
+    return all(_in_place(f, root) for f in dataset.files if optional or not f.optional)
 
 
 def sha256_of(path: Path) -> str:
@@ -287,23 +295,31 @@ def fetch(
     placed: list[Path] = []
     for name in wanted:
         dataset = catalogue[name]
-        placed += [root / f.path for f in dataset.files]
-        if is_present(dataset, root):
+        files = list(dataset.files)
+        # Optional files the mirror lacks are left out (the dataset is usable without them); never a required one.
+        lacking = [f for f in files if origin is not None and f.optional and not (origin / f.path).is_file()]
+        files = [f for f in files if f not in lacking]
+        placed += [root / f.path for f in dataset.files if f in files or _in_place(f, root)]
+        absent = [f.path for f in lacking if not _in_place(f, root)]
+        if absent:
+            log.warning("%s: the mirror %s lacks the optional %s; the dataset is usable without them (a download "
+                        "gets them)", name, origin, ", ".join(absent))
+        if all(_in_place(f, root) for f in files):
             log.info("%s: already present in %s", name, root)
             continue
         start = time.monotonic()
-        log.info("%s: fetching %d files (%s) from %s", name, len(dataset.files), human_size(dataset.size),
+        log.info("%s: fetching %d files (%s) from %s", name, len(files), human_size(sum(f.bytes for f in files)),
                  origin or "upstream")  # fmt: skip
         staging = root / STAGING / name
-        for f in dataset.files:
+        for f in files:
             _stage(f, staging / f.path, origin, attempts, log)
-        for f in dataset.files:
+        for f in files:
             (root / f.path).parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging / f.path, root / f.path)
         shutil.rmtree(staging)
         with contextlib.suppress(OSError):  # other datasets may still be staged there
             (root / STAGING).rmdir()
-        log.info("%s: %d files verified and in place in %s (%.1f s)", name, len(dataset.files), root,
+        log.info("%s: %d files verified and in place in %s (%.1f s)", name, len(files), root,
                  time.monotonic() - start)  # fmt: skip
     return placed
 
@@ -324,7 +340,9 @@ def show(catalogue: dict[str, Dataset], data_dir: Path) -> None:
                           ("size", True), ("status", True)):  # fmt: skip
         table.add_column(column, no_wrap=fixed, justify="right" if column in ("files", "size") else "left")
     for d in catalogue.values():
-        status = "present" if is_present(d, data_dir) else "missing"
+        absent = sum(1 for f in d.files if f.optional and not _in_place(f, data_dir))
+        status = "missing" if not is_present(d, data_dir) else f"present, {absent} optional missing" if absent \
+            else "present"
         table.add_row(d.name, _short_source(d.source), d.licence, str(len(d.files)), human_size(d.size), status)
     Console().print(table)
 

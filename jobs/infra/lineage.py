@@ -1,6 +1,10 @@
-"""Which Delta tables each job reads and writes: logged to its MLflow run as datasets, printed by --dry-run."""
+"""The Delta tables a job read and wrote, with their versions: logged to its MLflow run as datasets, and each
+table's line in a dry-run. Which tables a stage reads and writes is declared once, on the stage
+(jobs.infra.stage.Stage)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -9,31 +13,10 @@ from jobs.infra import tables
 from jobs.infra.config import Settings
 from jobs.infra.tracking import JobRun
 
-# job -> (tables read, tables written). `ingest` also reads the files named by ingest.input.
-JOB_TABLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "ingest": ((), ("chains", "quarantine")),
-    "steps": (("chains",), ("steps", "contexts", "quarantine")),
-    "nli_scores": (("steps", "contexts"), ("step_scores", "quarantine")),
-    "pvi_scores": (("steps", "contexts"), ("step_scores", "quarantine")),
-    "aggregate": (("step_scores",), ("chain_scores",)),
-    "curate": (("chain_scores", "step_scores", "chains"), ("curation", "curated", "rejected")),  # step_scores: step_thresholds
-    "select_chains": (("chains", "chain_scores"), ()),
-    "sample_chains": ((), ("quarantine",)),  # also writes JSONL chains for ingest (sample.output)
-    "human_labels": ((), ("chains",)),
-    "perturb": ((), ("chains",)),
-    "baselines": (("chains",), ("baseline_scores", "step_baseline_scores")),  # the second with baselines.per_step
-    "meta_eval": (("chain_scores", "chains", "baseline_scores"), ("meta_eval",)),
-    "localise": (("step_scores", "chains", "step_labels"), ("localisation", "localisation_predictions", "quarantine")),
-    "cot_eval": ((), ("cot_predictions", "cot_metrics")),
-    "export": (("curated", "rejected", "chains"), ()),
-    "maintain": ((), ()),
-}
 
-
-def log_tables(spark: SparkSession, settings: Settings, tracked: JobRun, job: str, context: str) -> None:
-    """The job's input (before it runs) or output tables (after) with their Delta versions, on its run."""
-    reads, writes = JOB_TABLES.get(job, ((), ()))
-    for name in reads if context == "input" else writes:
+def log_tables(spark: SparkSession, settings: Settings, tracked: JobRun, names: Iterable[str], context: str) -> None:
+    """Tables read (`input`, before the job runs) or written (`output`, after) with their Delta versions."""
+    for name in names:
         path = settings.table(name)
         tracked.log_table(name, path, tables.version(spark, path), context)
 
@@ -52,17 +35,3 @@ def table_line(spark: SparkSession, settings: Settings, name: str) -> str:
         if "config_hash" in df.columns else ""
     )
     return f"{name}: version {version}, {rows} rows{hashed} at {path}"
-
-
-def dry_run(spark: SparkSession, settings: Settings, job: str) -> str:
-    """What a job would read and write; reads only the Delta logs and counts rows, writes nothing."""
-    reads, writes = JOB_TABLES.get(job, ((), ()))
-    lines = [f"[dry-run] {job}: nothing is written; no MLflow run is created"]
-    if job == "ingest":
-        from jobs.receval.ingest import ingest_files
-
-        files = ingest_files(settings.ingest)
-        lines.append(f"  reads {len(files)} input files matching {settings.ingest.input}")
-    lines += [f"  reads  {table_line(spark, settings, n)}" for n in reads]
-    lines += [f"  writes {table_line(spark, settings, n)}" for n in writes]
-    return "\n".join(lines)

@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 from jobs.infra import tables
 from jobs.infra.config import Settings, resolve_path
 from jobs.infra.session import session_confs
+from jobs.infra.stage import Job, Stage
 
 log = logging.getLogger(__spec__.name)
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__spec__.name)
 TABLES = [
     "chains", "quarantine", "input_files", "steps", "contexts", "step_scores", "chain_scores", "unscored",
     "curation", "curated", "rejected", "baseline_scores", "step_baseline_scores", "meta_eval", "localisation",
-    "localisation_predictions",
+    "localisation_predictions", "step_labels",
     "cot_predictions", "cot_metrics",
 ]
 STATE = "_maintenance.json"  # nights since the last maintenance, next to the tables
@@ -154,35 +155,43 @@ def restore(spark: SparkSession, settings: Settings, run_id: str) -> dict[str, i
     return target
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from jobs.infra.session import build_session
-    from jobs.infra.tracking import job_run
-
-    parser = argparse.ArgumentParser(description=__doc__)
+def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", nargs="?", choices=["optimize", "restore"], default="optimize")
     parser.add_argument("--run", help="restore: the pipeline run id (its MLflow tag pipeline_run / Summary.run_id)")
-    settings, args = tables.job_args(__doc__ or "maintain", argv, parser)
-    spark = build_session(settings.spark)
-    if args.dry_run:
-        if args.action == "restore":
-            print(f"[dry-run] restore: would restore {versions_before(spark, settings, args.run)}")
-        else:
-            existing = [n for n in TABLES if tables.exists(spark, settings.table(n))]
-            print("[dry-run] maintain: would OPTIMIZE and VACUUM (retention "
-                  f"{settings.maintain.retention_hours} h): "
-                  + ", ".join(f"{n} ({files(spark, settings.table(n))} files)" for n in existing))
-        raise SystemExit(0)
-    with job_run(settings, f"maintain_{args.action}") as tracked:
-        if args.action == "restore":
-            if not args.run:
-                parser.error("restore needs --run RUN_ID")
-            result: dict[str, Any] = restore(spark, settings, args.run)
-            tracked.log_metrics({f"restored_version.{k}": v for k, v in result.items()})
-        else:
-            result = run(spark, settings)
-            for name, r in result.items():
-                tracked.log_metrics({f"files_before.{name}": r["files_before"], f"files_after.{name}": r["files_after"]})
+
+
+def _check(settings: Settings, args: argparse.Namespace) -> None:
+    if args.action == "restore" and not args.run:
+        raise SystemExit("maintain restore needs --run RUN_ID")
+
+
+def _plan(spark: SparkSession | None, settings: Settings, args: argparse.Namespace) -> list[str]:
+    if args.action == "restore":
+        return [f"  restore: would restore {versions_before(spark, settings, args.run)}"]
+    existing = [n for n in TABLES if tables.exists(spark, settings.table(n))]
+    return [f"  would OPTIMIZE and VACUUM (retention {settings.maintain.retention_hours} h): "
+            + ", ".join(f"{n} ({files(spark, settings.table(n))} files)" for n in existing)]
+
+
+def _body(job: Job) -> dict[str, Any]:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    if job.args.action == "restore":
+        result: dict[str, Any] = restore(spark, settings, job.args.run)
+        tracked.log_metrics({f"restored_version.{k}": v for k, v in result.items()})
+        return result
+    result = run(spark, settings)
+    for name, r in result.items():
+        tracked.log_metrics({f"files_before.{name}": r["files_before"], f"files_after.{name}": r["files_after"]})
     return result
+
+
+# Upkeep of every table of the lake (TABLES): a platform job, so it names tables, never stages.
+STAGE = Stage("maintain", __doc__, _body, section="maintain", arguments=_arguments, check=_check, plan=_plan,
+              run_name=lambda args: f"maintain_{args.action}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

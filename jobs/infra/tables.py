@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 
 from delta.tables import DeltaTable
@@ -10,33 +9,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
-from jobs.infra.config import Settings, describe, load_settings_with_sources
+from jobs.infra.config import Settings
 from schemas import quarantine as Q
-
-
-def job_args(
-    description: str,
-    argv: Sequence[str] | None = None,
-    parser: argparse.ArgumentParser | None = None,
-) -> tuple[Settings, argparse.Namespace]:
-    """Every job's command line: --config FILE, any number of --set section.key=value, --print-config, --dry-run.
-
-    `parser` carries a job's own arguments. --print-config prints the resolved configuration with the layer
-    each value came from and exits; --dry-run is left to the job (`tracking.job` prints its plan and exits).
-    """
-    parser = parser or argparse.ArgumentParser(description=description)
-    parser.add_argument("--config", help="YAML file layered over conf/defaults.yaml and the profiles")
-    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
-    parser.add_argument(
-        "--dry-run", action="store_true", help="print what each stage would read, do and write; change nothing"
-    )
-    args = parser.parse_args(argv)
-    settings, sources = load_settings_with_sources(args.config, args.overrides)
-    if args.print_config:
-        print(describe(settings, sources))
-        raise SystemExit(0)
-    return settings, args
 
 
 class Held:

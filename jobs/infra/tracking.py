@@ -357,26 +357,6 @@ def save_replay(bundle: dict[str, Any], settings: Settings, uri: str) -> str:
     return str(path)
 
 
-@contextlib.contextmanager
-def job(name: str, description: str | None, argv: Any = None) -> Iterator[tuple[Any, Settings, JobRun]]:
-    """A job's `main`: its command line (--config, --set, --print-config, --dry-run), Spark session and run.
-
-    With --dry-run it prints what the job would read and write (jobs.infra.lineage) and exits, touching nothing.
-    """
-    from jobs.infra import lineage, tables
-    from jobs.infra.session import build_session
-
-    settings, args = tables.job_args(description or name, argv)
-    spark = build_session(settings.spark)
-    if args.dry_run:
-        print(lineage.dry_run(spark, settings, name))
-        raise SystemExit(0)
-    with job_run(settings, name) as tracked:
-        lineage.log_tables(spark, settings, tracked, name, "input")
-        yield spark, settings, tracked
-        lineage.log_tables(spark, settings, tracked, name, "output")
-
-
 def _ended_as(err: BaseException | None) -> str:
     if err is None:
         return "FINISHED"

@@ -2,7 +2,7 @@
 
 The scores land in a long table (chain_id, metric, score) that `meta_eval` reads beside `chain_scores`, so
 baselines and ReCEval go through the same Somers' D code and sit side by side in one table. With
-`baselines.per_step`, the per-step forms of five of them (schemas/baseline_scores.STEP_METRICS) also land in
+`baselines.per_step`, the per-step forms of five of them (schemas/metrics.py, step_baseline_scores) also land in
 `step_baseline_scores` (chain_id, step_idx, metric, score), which the localisation job evaluates beside the ReCEval
 step scores (`localise.step_baselines`); both come from the same model calls.
 """
@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from jobs.infra import tables
 from jobs.infra.config import ModelsSettings, RuntimeSettings, Settings
-from jobs.infra.tracking import job
+from jobs.infra.stage import Job, Stage
 from jobs.metaeval.settings import BaselineSettings
 from schemas import baseline_scores as B
 from schemas import chains as C
@@ -190,12 +190,23 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
     return counts
 
 
-def main(argv: list[str] | None = None) -> dict[str, int]:
-    with job("baselines", __doc__, argv) as (spark, settings, tracked):
-        counts = run(spark, settings)
-        tracked.log_metrics(counts)
-        log.info(f"[baselines] {counts}")
+def _body(job: Job) -> dict[str, int]:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    counts = run(spark, settings)
+    tracked.log_metrics(counts)
+    log.info(f"[baselines] {counts}")
     return counts
+
+
+def _writes(settings: Settings) -> tuple[str, ...]:
+    return ("baseline_scores", *(("step_baseline_scores",) if settings.baselines.per_step else ()))
+
+
+STAGE = Stage("baselines", __doc__, _body, reads=("chains",), writes=_writes, section="baselines")
+
+
+def main(argv: list[str] | None = None) -> dict[str, int]:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

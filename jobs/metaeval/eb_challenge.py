@@ -14,10 +14,9 @@ import logging
 import time
 from pathlib import Path
 
-from jobs.infra import lineage, tables
 from jobs.infra.config import Settings
-from jobs.infra.session import build_session
-from jobs.infra.tracking import JobRun, job_run
+from jobs.infra.stage import Job, Stage, dry_run
+from jobs.infra.tracking import JobRun
 from jobs.metaeval import baselines, human_labels, meta_eval, perturb
 from jobs.receval import pipeline
 
@@ -41,10 +40,8 @@ def run(spark, settings: Settings, tracked: JobRun, stages: list[str] = STAGES) 
     if "human_labels" in stages:
         report["human_labels"] = timed("human_labels", lambda: human_labels.run(spark, settings))
     if "score" in stages:
-        scoring = settings.model_copy(
-            update={"pipeline": settings.pipeline.model_copy(update={"stages": ["steps", "scores", "aggregate"]})}
-        )
-        pipeline._check_models(scoring, None)
+        scoring = _scoring(settings)
+        pipeline.prepare(scoring, None)
         summary = timed("score", lambda: pipeline.run(spark, scoring, tracked.child("pipeline")))
         report["score"] = {s.name: s.counts for s in summary.stages}
     if "baselines" in stages:
@@ -60,22 +57,36 @@ def run(spark, settings: Settings, tracked: JobRun, stages: list[str] = STAGES) 
     return report
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__)
+# eb_challenge's --stages names -> the declared stage each one runs ("score": the pipeline's scoring stages).
+PARTS = {"perturb": perturb.STAGE, "human_labels": human_labels.STAGE, "score": pipeline.STAGE,
+         "baselines": baselines.STAGE, "meta_eval": meta_eval.STAGE}
+
+
+def _scoring(settings: Settings) -> Settings:
+    return settings.model_copy(
+        update={"pipeline": settings.pipeline.model_copy(update={"stages": ["steps", "scores", "aggregate"]})}
+    )
+
+
+def _plan(spark, settings: Settings, args: argparse.Namespace) -> list[str]:
+    lines = [f"stages {args.stages}"]
+    for name in args.stages.split(","):
+        stage = PARTS[name]
+        lines += dry_run(spark, _scoring(settings) if name == "score" else settings, stage, args).splitlines()
+    return lines
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", default=",".join(STAGES))
     parser.add_argument("--out", help="folder for correlations.md, heatmap.png and report.json")
-    settings, args = tables.job_args(__doc__ or "eb_challenge", argv, parser)
-    spark = build_session(settings.spark)
-    if args.dry_run:
-        print(f"[dry-run] eb_challenge: stages {args.stages}; nothing is written")
-        for stage in args.stages.split(","):
-            print(lineage.dry_run(spark, settings, stage))
-        raise SystemExit(0)
-    with job_run(settings, "eb_challenge") as tracked:
-        report = run(spark, settings, tracked, args.stages.split(","))
-        tracked.log_metrics({k: v for k, v in report.items() if k.endswith("_seconds")})
-        tracked.log_text("eb_challenge/report.json", json.dumps(
-            {k: v for k, v in report.items() if k != "heatmap"}, indent=2, default=str))
+
+
+def _body(job: Job) -> dict:
+    args, tracked = job.args, job.tracked
+    report = run(job.spark, job.settings, tracked, args.stages.split(","))
+    tracked.log_metrics({k: v for k, v in report.items() if k.endswith("_seconds")})
+    tracked.log_text("eb_challenge/report.json", json.dumps(
+        {k: v for k, v in report.items() if k != "heatmap"}, indent=2, default=str))
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -87,6 +98,13 @@ def main(argv: list[str] | None = None) -> dict:
                                                     indent=2, default=str))
     print(report.get("table", ""))
     return report
+
+
+STAGE = Stage("eb_challenge", __doc__, _body, arguments=_arguments, plan=_plan, parts=tuple(PARTS.values()))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

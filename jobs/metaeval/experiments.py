@@ -32,8 +32,8 @@ from scipy import stats
 
 from jobs.infra import tables
 from jobs.infra.config import Settings, load_settings
-from jobs.infra.session import build_session
-from jobs.infra.tracking import JobRun, job_run
+from jobs.infra.stage import Job, Stage
+from jobs.infra.tracking import JobRun
 from jobs.metaeval import eb_challenge
 from schemas import chain_scores as CS
 from schemas import chains as C
@@ -191,24 +191,25 @@ def run_ablation(spark: SparkSession, name: str, base_overrides: Sequence[str], 
     return results, table
 
 
-def main(argv: Sequence[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__)
+def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("experiment", choices=EXPERIMENTS)
     parser.add_argument("--out", help="folder for <experiment>.md and <experiment>.json")
-    settings, args = tables.job_args(__doc__ or "experiments", argv, parser)
-    if args.dry_run:
-        print(f"[dry-run] experiments {args.experiment}: variants "
-              f"{list(ABLATIONS.get(args.experiment, {'(reads the scored lake)': []}))}; nothing is written")
-        raise SystemExit(0)
-    spark = build_session(settings.spark)
-    with job_run(settings, f"experiments_{args.experiment}") as tracked:
-        if args.experiment == "api_k":
-            rows, table = run_api_k(spark, settings, settings.perturb.types)
-            payload: Any = rows
-        else:
-            payload, table = run_ablation(spark, args.experiment, args.overrides, args.config, tracked)
-        tracked.log_text(f"experiments/{args.experiment}.md", table)
-        tracked.log_text(f"experiments/{args.experiment}.json", json.dumps(payload, indent=1, default=str))
+
+
+def _plan(spark: SparkSession | None, settings: Settings, args: argparse.Namespace) -> list[str]:
+    return [f"experiments {args.experiment}: variants "
+            f"{list(ABLATIONS.get(args.experiment, {'(reads the scored lake)': []}))}"]
+
+
+def _body(job: Job) -> str:
+    spark, settings, args, tracked = job.spark, job.settings, job.args, job.tracked
+    if args.experiment == "api_k":
+        rows, table = run_api_k(spark, settings, settings.perturb.types)
+        payload: Any = rows
+    else:
+        payload, table = run_ablation(spark, args.experiment, args.overrides, args.config, tracked)
+    tracked.log_text(f"experiments/{args.experiment}.md", table)
+    tracked.log_text(f"experiments/{args.experiment}.json", json.dumps(payload, indent=1, default=str))
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -216,6 +217,15 @@ def main(argv: Sequence[str] | None = None) -> str:
         (out / f"{args.experiment}.json").write_text(json.dumps(payload, indent=1, default=str))
     print(table)
     return table
+
+
+# A composition of the EB-challenge's stages (every variant scores and meta-evaluates the perturbed chains).
+STAGE = Stage("experiments", __doc__, _body, arguments=_arguments, plan=_plan, parts=(eb_challenge.STAGE,),
+              run_name=lambda args: f"experiments_{args.experiment}")
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

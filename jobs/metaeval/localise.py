@@ -29,18 +29,19 @@ from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, 
 
 from jobs.infra import tables
 from jobs.infra.config import Settings
-from jobs.infra.tracking import job
+from jobs.infra.stage import Job, Stage
 from jobs.metaeval.meta_eval import melt
 from jobs.metaeval.settings import LocaliseSettings
 from schemas import chains as C
 from schemas import localisation as LO
+from schemas import metrics as MR
 from schemas import step_labels as SL
 from schemas import step_scores as SS
 from udfs import localise as L
 
 log = logging.getLogger(__spec__.name)
 
-STAGE = "localise"
+QUARANTINE_STAGE = "localise"
 METRIC, SCORE, LABEL, N_STEPS = "metric", "score", "label", "n_steps"
 # The long per-step form a baseline table gives and step_scores is melted into.
 LONG_SCHEMA = StructType([
@@ -51,9 +52,10 @@ LONG_SCHEMA = StructType([
 
 def melt_step_scores(step_scores: DataFrame, metrics: Sequence[str], config_hash: str) -> DataFrame:
     """step_scores (one config hash) -> (chain_id, step_idx, metric, score)."""
-    unknown = sorted(set(metrics) - set(SS.METRICS))
+    known = MR.names(MR.STEP_SCORES)
+    unknown = sorted(set(metrics) - set(known))
     if unknown:
-        raise ValueError(f"localise.metrics: {unknown} are not step_scores metrics ({sorted(SS.METRICS)})")
+        raise ValueError(f"localise.metrics: {unknown} are not step_scores metrics ({sorted(known)})")
     return melt(step_scores.where(F.col(SS.CONFIG_HASH) == config_hash), [SS.CHAIN_ID, SS.STEP_IDX], metrics)
 
 
@@ -224,7 +226,7 @@ def transform(spark: SparkSession, step_scores: DataFrame, chains: DataFrame, st
     columns = labelled.schema.fieldNames()
     bad = [tuple(r[c] for c in columns) for r in verdicts.values() if r["reason"] is not None]
     quarantine = tables.quarantine_rows(
-        spark.createDataFrame(bad, labelled.schema), STAGE, F.col("reason"),
+        spark.createDataFrame(bad, labelled.schema), QUARANTINE_STAGE, F.col("reason"),
         detail=F.format_string("first_error_index %s, from step_labels %s, %s steps", F.col(LABEL).cast("string"),
                                F.col("step_label").cast("string"), F.col(N_STEPS).cast("string")),
         chain_id=F.col(C.CHAIN_ID), source=F.lit("chains+step_labels"), run_id=run_id)
@@ -321,19 +323,27 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> O
     return out
 
 
-def main(argv: list[str] | None = None) -> Outcome:
-    with job("localise", __doc__, argv) as (spark, settings, tracked):
-        out = run(spark, settings, tracked.local_id)
-        rows = out.evaluation.results
-        table = markdown_table(rows) if rows else "no chain to evaluate\n"
-        tracked.log_text("localisation/table.md", table)
-        tracked.log_metrics({f"rows_{k}": v for k, v in out.counts.items()})
-        tracked.log_metrics(mlflow_metrics(rows))
-        tracked.set_tags({"localise_combined_from": ",".join(out.combined_from),
-                          "localise_skipped": ",".join(out.evaluation.skipped)})
-        log.info("[localise] %s; thresholds %s", out.counts, out.evaluation.thresholds)
-        print(table)
+def _body(job: Job) -> Outcome:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    out = run(spark, settings, tracked.local_id)
+    rows = out.evaluation.results
+    table = markdown_table(rows) if rows else "no chain to evaluate\n"
+    tracked.log_text("localisation/table.md", table)
+    tracked.log_metrics({f"rows_{k}": v for k, v in out.counts.items()})
+    tracked.log_metrics(mlflow_metrics(rows))
+    tracked.set_tags({"localise_combined_from": ",".join(out.combined_from),
+                      "localise_skipped": ",".join(out.evaluation.skipped)})
+    log.info("[localise] %s; thresholds %s", out.counts, out.evaluation.thresholds)
+    print(table)
     return out
+
+
+STAGE = Stage("localise", __doc__, _body, reads=("step_scores", "chains", "step_labels"),
+              writes=("localisation", "localisation_predictions", "quarantine"), section="localise")
+
+
+def main(argv: list[str] | None = None) -> Outcome:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

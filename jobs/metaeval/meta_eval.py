@@ -22,12 +22,14 @@ from scipy import stats
 from jobs.infra import tables
 from jobs.infra.config import Settings
 from jobs.infra.progress import Progress
-from jobs.infra.tracking import job
+from jobs.infra.stage import Job, Stage
 from jobs.metaeval.settings import MetaEvalSettings
 from schemas import baseline_scores as B
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import meta_eval as M
+from schemas import metrics as MR
+from schemas import step_labels as SL
 from udfs import somers
 
 GROUP_KEYS = [M.DATASET, M.LABEL, M.METRIC]
@@ -60,15 +62,19 @@ def melt(wide: DataFrame, keys: Sequence[str], metrics: Sequence[str]) -> DataFr
 
 def melt_chain_scores(chain_scores: DataFrame, metrics: Sequence[str], config_hash: str) -> DataFrame:
     """chain_scores (one config hash) -> (chain_id, metric, score); booleans (API_k) count as 0/1."""
-    unknown = sorted(set(metrics) - set(CS.SCHEMA.fieldNames()))
+    unknown = sorted(set(metrics) - set(CS.schema().fieldNames()))
     if unknown:
         raise ValueError(f"meta_eval.metrics: {unknown} are not chain_scores columns")
     return melt(chain_scores.where(F.col(CS.CONFIG_HASH) == config_hash), [CS.CHAIN_ID], metrics)
 
 
 def long_frame(scores: DataFrame, chains: DataFrame, datasets: Sequence[str] | None = None) -> DataFrame:
-    """(dataset, label, metric, chain_id, label_value, score) for every labelled chain with a finite score."""
+    """(dataset, label, metric, chain_id, label_value, score) for every labelled chain with a finite score.
+
+    Not `first_error_index` (ProcessBench, step-labelled sets): a step's position, not a rating, so no order of
+    chains by quality (-1 is the best, 0 the worst); its evaluation is localise's."""
     labels = chains.select(C.CHAIN_ID, C.DATASET, F.explode(C.LABELS).alias(M.LABEL, VALUE))
+    labels = labels.where(F.col(M.LABEL) != SL.FIRST_ERROR_INDEX)
     if datasets:
         labels = labels.where(F.col(C.DATASET).isin(list(datasets)))
     finite = F.col(SCORE).isNotNull() & ~F.isnan(SCORE) & (F.abs(F.col(SCORE)) != float("inf"))
@@ -179,6 +185,11 @@ def transform(spark: SparkSession, chain_scores: DataFrame, chains: DataFrame, b
 
 
 # ---------------------------------------------------------------------------------------------- reports
+def _row_order(metric: str) -> tuple[bool, str]:
+    """ReCEval's chain scores first, then the baselines, each by name."""
+    return metric in MR.names(MR.BASELINE_SCORES), metric
+
+
 def _fmt(d: float | None, low: float | None, high: float | None) -> str:
     if d is None:
         return "n/a"
@@ -199,7 +210,7 @@ def markdown_table(rows: list[dict]) -> str:
                 for r in rows if r[M.DATASET] in members]
         dataset = title
         labels = sorted({r[M.LABEL] for r in mine})
-        metrics = sorted({r[M.METRIC] for r in mine}, key=lambda m: (m in B.METRICS, m))
+        metrics = sorted({r[M.METRIC] for r in mine}, key=_row_order)
         cell = {(r[M.METRIC], r[M.LABEL]): r for r in mine}
         n = {lab: max(r[M.N] for r in mine if r[M.LABEL] == lab) for lab in labels}
         errors = {lab: max(r[M.N_ERRORS] for r in mine if r[M.LABEL] == lab) for lab in labels}
@@ -230,7 +241,7 @@ def heatmap_png(rows: list[dict]) -> bytes:
     import numpy as np
 
     columns = sorted({(r[M.DATASET], r[M.LABEL]) for r in rows})
-    metrics = sorted({r[M.METRIC] for r in rows}, key=lambda m: (m in B.METRICS, m))
+    metrics = sorted({r[M.METRIC] for r in rows}, key=_row_order)
     grid = np.full((len(metrics), len(columns)), np.nan)
     for r in rows:
         if r[M.SOMERS_D] is not None:
@@ -263,16 +274,24 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> l
         return [r.asDict() for r in result.collect()]
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    with job("meta_eval", __doc__, argv) as (spark, settings, tracked):
-        rows = run(spark, settings, tracked.local_id)
-        table = markdown_table(rows)
-        tracked.log_text("meta_eval/correlations.md", table)
-        if rows:
-            tracked.log_bytes("meta_eval/heatmap.png", heatmap_png(rows))
-        tracked.log_metrics({"groups": len(rows)})
-        print(table)
+def _body(job: Job) -> list[dict]:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    rows = run(spark, settings, tracked.local_id)
+    table = markdown_table(rows)
+    tracked.log_text("meta_eval/correlations.md", table)
+    if rows:
+        tracked.log_bytes("meta_eval/heatmap.png", heatmap_png(rows))
+    tracked.log_metrics({"groups": len(rows)})
+    print(table)
     return rows
+
+
+STAGE = Stage("meta_eval", __doc__, _body, reads=("chain_scores", "chains", "baseline_scores"), writes=("meta_eval",),
+              section="meta_eval")
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from jobs.infra import tables
 from jobs.infra.config import Settings, resolve_path
 from jobs.infra.progress import Progress
-from jobs.infra.tracking import job
+from jobs.infra.stage import Job, Stage
 from jobs.metaeval.settings import PerturbSettings
 from schemas import chains as C
 from udfs import entailment_bank as EB
@@ -345,14 +345,21 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, Any]:
     return report
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    with job("perturb", __doc__, argv) as (spark, settings, tracked):
-        report = run(spark, settings)
-        tracked.log_metrics({f"perturbed_{k}": v for k, v in report.items() if isinstance(v, int)})
-        tracked.set_tags({f"skipped_{k}": v for k, v in report.items() if isinstance(v, str)})
-        tracked.log_text("perturb/report.json", json.dumps(report, indent=2))
-        log.info(f"[perturb] {report}")
+def _body(job: Job) -> dict[str, Any]:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    report = run(spark, settings)
+    tracked.log_metrics({f"perturbed_{k}": v for k, v in report.items() if isinstance(v, int)})
+    tracked.set_tags({f"skipped_{k}": v for k, v in report.items() if isinstance(v, str)})
+    tracked.log_text("perturb/report.json", json.dumps(report, indent=2))
+    log.info(f"[perturb] {report}")
     return report
+
+
+STAGE = Stage("perturb", __doc__, _body, writes=("chains",), section="perturb")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The meta-evaluation room's settings: perturb, meta_eval, localise, human_labels and baselines.
+"""The meta-evaluation room's settings: perturb, meta_eval, localise, processbench, human_labels and baselines.
 
 Composed with the platform's sections and the other rooms' into `Settings` by jobs.infra.config (settings_model).
 """
@@ -10,6 +10,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from jobs.infra.config import Section
+from schemas import metrics as MR
 
 
 class PerturbSettings(Section):
@@ -42,12 +43,9 @@ class MetaEvalSettings(Section):
     ci_level: float = Field(0.95, gt=0, lt=1)
     # None: Settings.scoring_hash(), the ReCEval scores of the current configuration.
     config_hash: str | None = None
-    # chain_scores columns evaluated (booleans count as 0/1); baseline_scores metrics are all evaluated.
-    metrics: list[str] = Field(
-        default_factory=lambda: [
-            "intra_entail_min", "intra_pvi_min", "inter_min", "info_gain_min", "api_1", "api_2", "api_3",
-        ]
-    )
+    # chain_scores columns evaluated (booleans count as 0/1); baseline_scores metrics are all evaluated. Default:
+    # every step score's chain score and API_k, as the metric registry (schemas/metrics.py) lists them.
+    metrics: list[str] = Field(default_factory=lambda: MR.chain_score_columns())
     datasets: list[str] | None = None  # None: every dataset with labels
     include_baselines: bool = True
 
@@ -73,6 +71,20 @@ class LocaliseSettings(Section):
     bootstrap_resamples: int = Field(1000, ge=0)
     seed: int = 0
     ci_level: float = Field(0.95, gt=0, lt=1)
+
+
+class ProcessBenchSettings(Section):
+    """`python -m jobs.metaeval.processbench`: ProcessBench subset files -> `chains` and `step_labels`
+    (docs/META_EVAL.md "Step-level localisation")."""
+
+    order: ClassVar[int] = 155
+
+    path: str = "${paths.data}/processbench"  # the `processbench` dataset's folder of <subset>.json files
+    # Subsets read, each from <path>/<subset>.json; the dataset's optional olympiadbench and omnimath once fetched.
+    subsets: list[str] = Field(default_factory=lambda: ["gsm8k", "math"], min_length=1)
+    # chains.dataset is <prefix>_<subset>: processbench_gsm8k is localise.calibration's default.
+    dataset_prefix: str = "processbench"
+    max_items: int | None = Field(None, ge=1)  # the first N items of each subset (smoke runs)
 
 
 class HumanLabelSettings(Section):
@@ -112,6 +124,11 @@ class HumanLabelSettings(Section):
     )
     chain_flags: dict[str, str] = Field(default_factory=dict)
     ordinal_labels: dict[str, str] = Field(default_factory=lambda: {"QUAL": "newOverall", "COH": "newCoherent"})
+    # Also put the chain-level companions of the step labels into chains.labels: first_error_index (the earliest
+    # step with a "yes", -1 none) and final_answer_correct (where answer and gold answer are numbers). Off: the
+    # chain rows stay as they were (localise reads the earliest error from step_labels alone, and meta_eval's
+    # ROSCOE table gains no label). A chain already in the lake keeps its labels (chains are insert-only).
+    companion_labels: bool = False
 
 
 class BaselineSettings(Section):
@@ -134,6 +151,7 @@ SECTIONS: dict[str, type[Section]] = {
     "perturb": PerturbSettings,
     "meta_eval": MetaEvalSettings,
     "localise": LocaliseSettings,
+    "processbench": ProcessBenchSettings,
     "human_labels": HumanLabelSettings,
     "baselines": BaselineSettings,
 }

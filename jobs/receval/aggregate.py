@@ -17,10 +17,11 @@ from pyspark.sql import functions as F
 
 from jobs.infra import tables
 from jobs.infra.config import Settings
-from jobs.infra.tracking import job
+from jobs.infra.stage import Job, Stage
 from jobs.receval.settings import AggregateSettings
 from schemas import chain_scores as CS
 from schemas import chains as C
+from schemas import metrics as MR
 from schemas import step_scores as SS
 
 log = logging.getLogger(__spec__.name)
@@ -29,17 +30,19 @@ KEYS = [CS.CHAIN_ID, CS.CONFIG_HASH]
 MODEL_COLS = [CS.NLI_MODEL, CS.PVI_MODEL, CS.PVI_NULL_MODEL, CS.IG_MODEL]
 
 
-def _metric_aggs(metric: str) -> list[Column]:
-    value = F.col(metric)
+def _metric_aggs(metric: MR.Metric) -> list[Column]:
+    """The chain_scores columns of one step score: one per aggregation it declares (min, worst step, mean)."""
+    value = F.col(metric.name)
     nulls = F.sum(F.when(value.isNull(), 1).otherwise(0))
     # min over struct(value, step_idx) gives the smallest value and, on ties, the smallest step index.
     worst = F.min(F.when(value.isNotNull(), F.struct(value.alias("v"), F.col(SS.STEP_IDX).alias("i"))))
     complete = nulls == 0
-    return [
-        F.when(complete, worst["v"]).alias(CS.min_col(metric)),
-        F.when(complete, worst["i"]).alias(CS.worst_step_col(metric)),
-        F.when(complete, F.avg(value)).alias(CS.mean_col(metric)),
-    ]
+    columns = {
+        MR.MIN: F.when(complete, worst["v"]).alias(CS.min_col(metric.name)),
+        MR.WORST_STEP: F.when(complete, worst["i"]).alias(CS.worst_step_col(metric.name)),
+        MR.MEAN: F.when(complete, F.avg(value)).alias(CS.mean_col(metric.name)),
+    }
+    return [column for agg, column in columns.items() if agg in metric.aggregations]
 
 
 def api_k(gains: Column, k: int) -> Column:
@@ -58,41 +61,48 @@ def transform(step_scores: DataFrame, cfg: AggregateSettings) -> DataFrame:
     unknown = sorted(set(cfg.api_k) - set(CS.API_KS))
     if unknown:
         raise ValueError(f"aggregate.api_k: {unknown} have no column in chain_scores (allowed: {CS.API_KS})")
+    api_metric = MR.api_metric()
+    # array_sort on (step_idx, value) structs puts API_k's values in step order whatever the row order was.
+    gains = ([F.array_sort(F.collect_list(F.struct(F.col(SS.STEP_IDX).alias("i"), F.col(api_metric.name).alias("g"))))
+              .alias("_gains")] if api_metric is not None else [])
     grouped = step_scores.groupBy(*KEYS).agg(
         F.count(F.lit(1)).cast("int").alias(CS.N_STEPS),
-        *[agg for m in CS.METRIC_NAMES for agg in _metric_aggs(m)],
-        # array_sort on (step_idx, gain) structs puts the gains in step order whatever the row order was.
-        F.array_sort(F.collect_list(F.struct(F.col(SS.STEP_IDX).alias("i"), F.col(SS.INFO_GAIN).alias("g"))))
-        .alias("_gains"),
+        *[agg for m in MR.of_table(MR.STEP_SCORES) for agg in _metric_aggs(m)],
+        *gains,
         *[F.max(c).alias(c) for c in MODEL_COLS],
         F.max(SS.SCORED_AT).alias(CS.SCORED_AT),
     )
-    gains = F.transform(F.col("_gains"), lambda s: s["g"])
     out = grouped
-    for k in CS.API_KS:
-        value = api_k(gains, k) if k in cfg.api_k else F.lit(None).cast("boolean")
-        out = out.withColumn(CS.api_col(k), value)
-    return tables.conform(out, CS.SCHEMA)
+    if api_metric is not None:
+        values = F.transform(F.col("_gains"), lambda s: s["g"])
+        for k in CS.API_KS:
+            value = api_k(values, k) if k in cfg.api_k else F.lit(None).cast("boolean")
+            out = out.withColumn(CS.api_col(k), value)
+    return tables.conform(out, CS.schema())
 
 
-# The chain scores a nightly summary shows per label group: correctness (intra-step entailment, inter-step) and
-# informativeness (intra-step PVI, information gain), each the chain's min over steps.
-LABEL_SCORE_COLS = [CS.min_col(m) for m in CS.METRIC_NAMES]
+def label_score_cols() -> list[str]:
+    """The chain scores a nightly summary shows per label group: each step score's min over steps, e.g.
+    correctness (intra-step entailment, inter-step) and informativeness (intra-step PVI, information gain)."""
+    return CS.score_columns()
+
+
 ALL_CHAINS = "all"  # the label column of a dataset's row over all its chains
 
 
 def by_label(scores: DataFrame, chains: DataFrame) -> DataFrame:
     """Mean chain scores per dataset and per (label, value) of the chains' `labels` (1 = no error, 0 = error,
     ratings as given), beside each dataset's row over all its chains (label "all", value null). Columns:
-    dataset, label, value, chains, and the mean of each LABEL_SCORE_COLS column (nulls left out). Pure."""
-    joined = scores.select(CS.CHAIN_ID, *LABEL_SCORE_COLS).join(
+    dataset, label, value, chains, and the mean of each label_score_cols() column (nulls left out). Pure."""
+    cols = label_score_cols()
+    joined = scores.select(CS.CHAIN_ID, *cols).join(
         chains.select(C.CHAIN_ID, C.DATASET, C.LABELS), CS.CHAIN_ID)
-    labelled = joined.select(C.DATASET, F.explode(C.LABELS).alias("label", "value"), *LABEL_SCORE_COLS)
+    labelled = joined.select(C.DATASET, F.explode(C.LABELS).alias("label", "value"), *cols)
     overall = joined.select(C.DATASET, F.lit(ALL_CHAINS).alias("label"), F.lit(None).cast("double").alias("value"),
-                            *LABEL_SCORE_COLS)
+                            *cols)
     return (overall.unionByName(labelled.where(F.col("value").isNotNull()))
             .groupBy(C.DATASET, "label", "value")
-            .agg(F.count(F.lit(1)).alias("chains"), *[F.avg(c).alias(c) for c in LABEL_SCORE_COLS])
+            .agg(F.count(F.lit(1)).alias("chains"), *[F.avg(c).alias(c) for c in cols])
             .orderBy(C.DATASET, F.col("label") != ALL_CHAINS, "label", F.col("value").desc()))
 
 
@@ -104,20 +114,27 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
         counts = {
             "chains": chains.count(),
             "incomplete": chains.where(
-                F.greatest(*[F.col(CS.min_col(m)).isNull() for m in CS.METRIC_NAMES])
+                F.greatest(*[F.col(c).isNull() for c in CS.score_columns()])
             ).count(),
         }
-        tables.upsert(spark, chains, settings.table("chain_scores"), CS.SCHEMA, KEYS)
+        tables.upsert(spark, chains, settings.table("chain_scores"), CS.schema(), KEYS)
     return counts
+
+
+def _body(job: Job) -> dict[str, int]:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    counts = run(spark, settings)
+    tracked.log_metrics({f"rows_{k}": v for k, v in counts.items()})
+    tracked.set_tags({"chain_scores_version": tables.version(spark, settings.table("chain_scores"))})
+    log.info(f"[aggregate] chains={counts['chains']} with a null metric={counts['incomplete']}")
+    return counts
+
+
+STAGE = Stage("aggregate", __doc__, _body, reads=("step_scores",), writes=("chain_scores",), section="aggregate")
 
 
 def main(argv: list[str] | None = None) -> dict[str, int]:
-    with job("aggregate", __doc__, argv) as (spark, settings, tracked):
-        counts = run(spark, settings)
-        tracked.log_metrics({f"rows_{k}": v for k, v in counts.items()})
-        tracked.set_tags({"chain_scores_version": tables.version(spark, settings.table("chain_scores"))})
-        log.info(f"[aggregate] chains={counts['chains']} with a null metric={counts['incomplete']}")
-    return counts
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

@@ -24,11 +24,13 @@ from pyspark.sql.types import ArrayType, BooleanType, StringType, StructField, S
 
 from jobs.infra import tables
 from jobs.infra.config import Settings
-from jobs.infra.tracking import JobRun, job
+from jobs.infra.stage import Job, Stage
+from jobs.infra.tracking import JobRun
 from jobs.receval.settings import CurationSettings
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import curation as CU
+from schemas import metrics as MR
 from schemas import step_scores as SS
 
 logger = logging.getLogger(__spec__.name)
@@ -41,7 +43,6 @@ DECISION_SCHEMA = StructType(
         *CU.REJECTED_SCHEMA.fields[3:],
     ]
 )
-_NUMERIC = {f.name for f in CS.SCHEMA.fields if f.dataType.typeName() in ("double", "integer")}
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,12 @@ class Rule:
 
 def score_column(key: str) -> str:
     """`inter` -> `inter_min` (the chain score); a numeric chain_scores column name is taken as is."""
-    if key in CS.METRIC_NAMES:
+    metrics = CS.metric_names()
+    if key in metrics:
         return CS.min_col(key)
-    if key in _NUMERIC:
+    if key in {f.name for f in CS.schema().fields if f.dataType.typeName() in ("double", "integer")}:
         return key
-    raise ValueError(f"curation: {key!r} is neither a metric ({CS.METRIC_NAMES}) nor a numeric chain_scores column")
+    raise ValueError(f"curation: {key!r} is neither a metric ({metrics}) nor a numeric chain_scores column")
 
 
 def quantile_bounds(reference: DataFrame, cfg: CurationSettings) -> dict[str, float | None]:
@@ -116,9 +118,10 @@ def step_flags(step_scores: DataFrame, thresholds: dict[str, float]) -> DataFram
     scoring strictly below the threshold of any metric in `thresholds` (-1 and null when none is), as
     jobs.metaeval.localise predicts the earliest error. A null score flags nothing (udfs.localise.predicted_error).
     Spark-native: one aggregation, the earliest flagged (step, metric) as the min of a struct."""
-    unknown = sorted(set(thresholds) - set(SS.METRICS))
+    known = MR.names(MR.STEP_SCORES)
+    unknown = sorted(set(thresholds) - set(known))
     if unknown:
-        raise ValueError(f"curation.step_thresholds: {unknown} are not step_scores metrics ({sorted(SS.METRICS)})")
+        raise ValueError(f"curation.step_thresholds: {unknown} are not step_scores metrics ({sorted(known)})")
     # The first metric in name order below its threshold at this step (coalesce keeps the first non-null).
     metric = F.coalesce(*[F.when(F.col(m) < F.lit(float(t)), F.lit(m)) for m, t in sorted(thresholds.items())])
     first = F.min(F.when(metric.isNotNull(), F.struct(F.col(SS.STEP_IDX).alias("i"), metric.alias("m"))))
@@ -329,8 +332,8 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> C
         labels = label_agreement(this_run, tables.read(spark, settings.table("chains"), C.SCHEMA)) if n_batch else {}
         pngs: dict[str, bytes] = {}
         if n_batch:
-            hists = histograms(this_run, [CS.min_col(m) for m in CS.METRIC_NAMES], cfg.histogram_bins)
-            for metric in CS.METRIC_NAMES:
+            hists = histograms(this_run, CS.score_columns(), cfg.histogram_bins)
+            for metric in CS.metric_names():
                 column = CS.min_col(metric)
                 edges, hist = hists[column]
                 marks = {r.id: r.bound for r in rule_list if r.column == column and r.bound is not None}
@@ -356,12 +359,24 @@ def log_curation(result: CurationResult, tracked: JobRun) -> None:
         tracked.log_bytes(f"curation/hist_{metric}.png", png)
 
 
-def main(argv: list[str] | None = None) -> CurationResult:
-    with job("curate", __doc__, argv) as (spark, settings, tracked):
-        result = run(spark, settings, tracked.local_id)
-        log_curation(result, tracked)
-        logger.info(f"[curate] {result.counts} pass rates {result.pass_rates}")
+def _body(job: Job) -> CurationResult:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    result = run(spark, settings, tracked.local_id)
+    log_curation(result, tracked)
+    logger.info(f"[curate] {result.counts} pass rates {result.pass_rates}")
     return result
+
+
+def _reads(settings: Settings) -> tuple[str, ...]:
+    # step_scores only with curation.step_thresholds (each decision's first flagged step).
+    return ("chain_scores", *(("step_scores",) if settings.curation.step_thresholds else ()), "chains")
+
+
+STAGE = Stage("curate", __doc__, _body, reads=_reads, writes=("curation", "curated", "rejected"), section="curation")
+
+
+def main(argv: list[str] | None = None) -> CurationResult:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

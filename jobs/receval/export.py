@@ -24,7 +24,7 @@ from pyspark.sql.types import MapType
 
 from jobs.infra import tables
 from jobs.infra.config import Settings, resolve_path
-from jobs.infra.tracking import job
+from jobs.infra.stage import Job, Stage
 from jobs.receval.settings import ExportSettings
 from schemas import chains as C
 from schemas import curation as CU
@@ -115,13 +115,20 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, int | str]:
     return {"rows": rows, "output": folder}
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, int | str]:
-    with job("export", __doc__, argv) as (spark, settings, tracked):
-        result = run(spark, settings)
-        tracked.log_metrics({"rows": result["rows"]})
-        tracked.set_tags({"export_output": result["output"], "export_format": settings.export.format,
-                          "export_table": settings.export.table})
+def _body(job: Job) -> dict[str, int | str]:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    result = run(spark, settings)
+    tracked.log_metrics({"rows": result["rows"]})
+    tracked.set_tags({"export_output": result["output"], "export_format": settings.export.format,
+                      "export_table": settings.export.table})
     return result
+
+
+STAGE = Stage("export", __doc__, _body, reads=("curated", "rejected", "chains"), writes=(), section="export")
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, int | str]:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ Mapping sources are `udfs.paths` paths; a fan-out (`outputs[*].text`) makes one 
 (its index in metadata `sample_idx`), so one row read may give several candidates. Counts reconcile:
 candidates = inserted + already present + quarantined, and candidates = read + fanned_out (the extra chains
 fan-out made; a row that fails as a whole is one quarantined candidate).
-Producer presets (`ingest.preset`, jobs/infra/ingest_presets.py) add per-file facts (`_file`), the joined
+Producer presets (`ingest.preset`, jobs/receval/ingest_presets.py) add per-file facts (`_file`), the joined
 batch input (`_input`) and chat turns (`_chat`) to each row before the mapping reads it.
 """
 
@@ -28,7 +28,7 @@ from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, S
 
 from jobs.infra import tables
 from jobs.infra.config import Settings, resolve_path
-from jobs.infra.tracking import job
+from jobs.infra.stage import Job, Stage
 from jobs.receval.ingest_presets import (
     METADATA_PREFIX,
     STEP_KEYS,
@@ -745,23 +745,34 @@ def reasons(spark: SparkSession, settings: Settings, run_id: str | None = None) 
     return {r[Q.REASON]: r["count"] for r in q.groupBy(Q.REASON).count().collect()}
 
 
-def main(argv: list[str] | None = None) -> dict[str, int]:
-    with job("ingest", __doc__, argv) as (spark, settings, tracked):
-        before = tables.version(spark, settings.table("chains"))
-        counts, by_reason = run_with_reasons(spark, settings, tracked.local_id)
-        after = tables.version(spark, settings.table("chains"))
-        tracked.log_metrics({f"rows_{k}": v for k, v in counts.items()})
-        tracked.log_metrics({f"quarantined_{k}": v for k, v in by_reason.items()})
-        tracked.set_tags(
-            {"input": settings.ingest.input, "chains_version_before": before, "chains_version_after": after}
-        )
-        log.info(
-            f"[ingest] read={counts['read']} candidates={counts['candidates']} inserted={counts['inserted']} "
-            f"already_present={counts['already_present']} quarantined={counts['quarantined']} "
-            f"replacement_char={counts['replacement_char']} -> {settings.table('chains')} (version {after})"
-        )
-        check_limit(counts, by_reason, settings)  # inside the run: it ends FAILED, with the counts above logged
+def _body(job: Job) -> dict[str, int]:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    before = tables.version(spark, settings.table("chains"))
+    counts, by_reason = run_with_reasons(spark, settings, tracked.local_id)
+    after = tables.version(spark, settings.table("chains"))
+    tracked.log_metrics({f"rows_{k}": v for k, v in counts.items()})
+    tracked.log_metrics({f"quarantined_{k}": v for k, v in by_reason.items()})
+    tracked.set_tags(
+        {"input": settings.ingest.input, "chains_version_before": before, "chains_version_after": after}
+    )
+    log.info(
+        f"[ingest] read={counts['read']} candidates={counts['candidates']} inserted={counts['inserted']} "
+        f"already_present={counts['already_present']} quarantined={counts['quarantined']} "
+        f"replacement_char={counts['replacement_char']} -> {settings.table('chains')} (version {after})"
+    )
+    check_limit(counts, by_reason, settings)  # inside the run: it ends FAILED, with the counts above logged
     return counts
+
+
+def _plan(spark: SparkSession | None, settings: Settings, args: Any) -> list[str]:
+    return [f"  reads {len(ingest_files(settings.ingest))} input files matching {settings.ingest.input}"]
+
+
+STAGE = Stage("ingest", __doc__, _body, writes=("chains", "quarantine"), section="ingest", plan=_plan)
+
+
+def main(argv: list[str] | None = None) -> dict[str, int]:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

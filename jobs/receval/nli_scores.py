@@ -20,7 +20,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from jobs.infra import tables
 from jobs.infra.config import ModelRef, RuntimeSettings, Settings
-from jobs.infra.tracking import job
+from jobs.infra.stage import Job, Stage
 from jobs.receval.settings import NliSettings
 from schemas import step_scores as SS
 from schemas import steps as S
@@ -320,20 +320,28 @@ def run(
     return counts
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, int]:
-    with job("nli_scores", __doc__, argv) as (spark, settings, tracked):
-        counts = run(spark, settings, tracked.local_id)
-        tracked.log_metrics({f"nli_{k}": v for k, v in counts.items()})
-        tracked.set_tags({"nli_model": settings.models.nli.path})
-        log.info(
-            f"[nli_scores] steps={counts['steps']} scored={counts['steps_scored']} "
-            f"quarantined={counts['steps_quarantined']} pairs={counts['pairs']} "
-            f"distinct={counts['pairs_distinct']} sent={counts['pairs_sent']} "
-            f"truncated={counts['pairs_truncated']} -> {settings.table('step_scores')}"
-        )
-        if not counts["reconciled"]:
-            raise RuntimeError(f"nli_scores counts do not reconcile: {counts}")
+def _body(job: Job) -> dict[str, int]:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    counts = run(spark, settings, tracked.local_id)
+    tracked.log_metrics({f"nli_{k}": v for k, v in counts.items()})
+    tracked.set_tags({"nli_model": settings.models.nli.path})
+    log.info(
+        f"[nli_scores] steps={counts['steps']} scored={counts['steps_scored']} "
+        f"quarantined={counts['steps_quarantined']} pairs={counts['pairs']} "
+        f"distinct={counts['pairs_distinct']} sent={counts['pairs_sent']} "
+        f"truncated={counts['pairs_truncated']} -> {settings.table('step_scores')}"
+    )
+    if not counts["reconciled"]:
+        raise RuntimeError(f"nli_scores counts do not reconcile: {counts}")
     return counts
+
+
+STAGE = Stage("nli_scores", __doc__, _body, reads=("steps", "contexts"), writes=("step_scores", "quarantine"),
+              section="nli")
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, int]:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,10 @@ from jobs.infra.config import Settings, resolve_path
 from jobs.infra.maintain import RUN_METADATA
 from jobs.infra.progress import Progress, bar_wanted
 from jobs.infra.session import session_confs
+from jobs.infra.stage import Job, Stage, table_lines
 from jobs.infra.tracking import JobRun, tracking_uri
+from jobs.receval import aggregate, curate, ingest, score
+from jobs.receval import steps as steps_job
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import pipeline as P
@@ -51,14 +54,12 @@ HASHED_TABLES = ["steps", "contexts", "step_scores", "chain_scores", "unscored",
 ALL_TABLES = ["chains", "quarantine", "input_files", *HASHED_TABLES]
 
 
-# -- the stage functions (the real ones are imported when first used, so fakes can stand in) -------------
+# -- the stage functions (tests inject fakes in their place) ----------------------------------------------
 def _steps(chains: DataFrame, settings: Settings) -> tuple[DataFrame, DataFrame, DataFrame]:
-    from jobs.receval import steps
-    return steps.transform(chains, settings.steps, settings.models, settings.runtime, settings.scoring_hash())
+    return steps_job.transform(chains, settings.steps, settings.models, settings.runtime, settings.scoring_hash())
 
 
 def _aggregate(step_scores: DataFrame, settings: Settings) -> DataFrame:
-    from jobs.receval import aggregate
     return aggregate.transform(step_scores, settings.aggregate)
 
 
@@ -99,8 +100,6 @@ def _steps_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
     # The batch's frames are released when it is committed (or fails): nothing piles up over a night.
     with tables.Held() as hold:
         if ctx.transforms.steps is _steps:
-            from jobs.receval import steps as steps_job
-
             # The three outputs share one spaCy pass.
             s = ctx.settings
             steps, contexts, bad = steps_job.transform(chains, s.steps, s.models, s.runtime, ctx.config_hash, hold)
@@ -131,7 +130,6 @@ def _quarantine(ctx: Context, rows: DataFrame) -> int:
 
 
 def _scores_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
-    from jobs.receval import score
     steps = ctx.hashed("steps", ST.SCHEMA).join(ids, ST.CHAIN_ID, "left_semi")
     contexts = ctx.hashed("contexts", ST.CONTEXTS_SCHEMA).join(ids, ST.CHAIN_ID, "left_semi")
     return score.run(
@@ -151,13 +149,12 @@ def _aggregate_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class ChainStage:
-    """A stage over chains: ready = chains in `previous`; done = chains in `marker` (both under the hash)."""
+    """A stage over chains: ready = chains in `previous`; done = chains in `marker` (both under the hash).
+    Its name and tables are those the stage declares (`declared`)."""
 
-    name: str
+    declared: Stage
     previous: str
     marker: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
     process: Callable[[Context, DataFrame], dict[str, int]]
     # Rows the executors count (jobs.infra.progress.counted) for a batch of chain ids; None: one per chain.
     rows: Callable[[Context, DataFrame], int] | None = None
@@ -165,18 +162,24 @@ class ChainStage:
     # equals the batch's chains, none is missing and looking for unscored chains (three Spark jobs) is skipped.
     marked: str | None = None
 
+    @property
+    def name(self) -> str:
+        return self.declared.name
+
 
 CHAIN_STAGES = [
-    ChainStage("steps", "chains", "contexts", ("chains",), ("steps", "contexts", "quarantine"), _steps_stage,
-               marked="contexts"),
+    ChainStage(steps_job.STAGE, "chains", "contexts", _steps_stage, marked="contexts"),
     ChainStage(
-        "scores", "contexts", "step_scores", ("steps", "contexts"), ("step_scores", "quarantine"), _scores_stage,
+        score.STAGE, "contexts", "step_scores", _scores_stage,
         # Scoring counts finished steps: a batch's share done is its steps scored over its steps.
         lambda ctx, ids: ctx.hashed("steps", ST.SCHEMA).join(ids, ST.CHAIN_ID, "left_semi").count(),
     ),
-    ChainStage("aggregate", "step_scores", "chain_scores", ("step_scores",), ("chain_scores",), _aggregate_stage,
-               marked="chain_scores"),
+    ChainStage(aggregate.STAGE, "step_scores", "chain_scores", _aggregate_stage, marked="chain_scores"),
 ]
+# The pipeline's ingest also keeps `input_files`, the fingerprints of the files it has read.
+INGEST = Stage("ingest", ingest.STAGE.doc, reads=("input_files",), writes=(*ingest.STAGE.writes, "input_files"))
+# The night's stages in order; each child run records the tables its stage declares.
+PARTS = (INGEST, *(s.declared for s in CHAIN_STAGES), curate.STAGE)
 
 
 def _chain_ids(ctx: Context, name: str) -> DataFrame:
@@ -236,7 +239,7 @@ class Summary:
     rows_after: dict[str, int] = field(default_factory=dict)
     versions_before: dict[str, int | None] = field(default_factory=dict)
     versions_after: dict[str, int | None] = field(default_factory=dict)
-    curation: Any = None  # curate.CurationResult
+    curation: curate.CurationResult | None = None
     report_html: str | None = None
     report_file: str | None = None
     mlflow_run_id: str | None = None
@@ -281,11 +284,9 @@ def input_fingerprints(settings: Settings) -> list[tuple[str, int, int, str]]:
     """(path, size, mtime_ns, ingest_hash) of every input file; a Delta input table by its latest log entry, a
     datasets folder by its files' total size and latest change. The OpenAI batch input file counts as an input
     too: a new one changes the chains of the same output file."""
-    from jobs.receval.ingest import ingest_files, input_files
-
-    paths = ingest_files(settings.ingest)
+    paths = ingest.ingest_files(settings.ingest)
     if settings.ingest.batch_input:
-        paths += input_files(settings.ingest.batch_input)
+        paths += ingest.input_files(settings.ingest.batch_input)
     out = []
     shaped = ingest_hash(settings)
     for path in paths:
@@ -313,7 +314,6 @@ def seen_fingerprints(spark: SparkSession, path: str) -> set[tuple[str, int, int
 
 
 def _ingest(ctx: Context, report: StageReport, tracked: JobRun | None = None) -> None:
-    from jobs.receval import ingest
     files = input_fingerprints(ctx.settings)
     seen_path = ctx.table("input_files")
     seen = seen_fingerprints(ctx.spark, seen_path)
@@ -431,21 +431,13 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
     log.info(f"[pipeline] config hash {ctx.config_hash}, run {ctx.run_id}, lake {resolve_path(settings.paths.lake)}")
     if settings.pipeline.rescore:
         tracked.log_metrics({f"rescore_deleted.{k}": v for k, v in rescore(ctx).items()})
-    plan: list[tuple[str, tuple[str, ...], tuple[str, ...], Callable[[StageReport, JobRun], None]]] = []
-    if "ingest" in wanted:
-        plan.append(("ingest", ("input_files",), ("chains", "quarantine", "input_files"),
-                     lambda r, t: _ingest(ctx, r, t)))
-    for stage in CHAIN_STAGES:
-        if stage.name in wanted:
-            plan.append(
-                (stage.name, stage.inputs, stage.outputs, lambda r, t, s=stage: _run_chain_stage(ctx, s, r, t))
-            )
-    if "curate" in wanted:
-        plan.append(
-            # step_scores only with curation.step_thresholds (the first flagged steps).
-            ("curate", ("chain_scores", *(("step_scores",) if settings.curation.step_thresholds else ())),
-             ("curation", "curated", "rejected"), lambda r, t: _curate(ctx, r, summary))
-        )
+    bodies: dict[str, Callable[[StageReport, JobRun], None]] = {
+        "ingest": lambda r, t: _ingest(ctx, r, t),
+        **{s.name: lambda r, t, s=s: _run_chain_stage(ctx, s, r, t) for s in CHAIN_STAGES},
+        "curate": lambda r, t: _curate(ctx, r, summary),
+    }
+    plan = [(stage.name, stage.inputs(settings), stage.outputs(settings), bodies[stage.name])
+            for stage in PARTS if stage.name in wanted]
 
     for table, v in summary.versions_before.items():
         tracked.log_table(table, settings.table(table), v, "input")
@@ -471,7 +463,6 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
             if v != out_before.get(table):
                 child.log_table(table, settings.table(table), v, "output")
         if name == "curate" and summary.curation is not None:
-            from jobs.receval import curate
             curate.log_curation(summary.curation, child)
         child.end("FINISHED")
         log.info(f"[pipeline] {name}: done in {report.seconds:.1f} s")
@@ -502,8 +493,6 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
 
 def _label_scores(ctx: Context, since: float) -> list[dict[str, Any]]:
     """aggregate.by_label over the chain scores of the current config hash written since `since` (this run)."""
-    from jobs.receval import aggregate
-
     spark, settings = ctx.spark, ctx.settings
     if not tables.exists(spark, settings.table("chain_scores")):
         return []
@@ -515,7 +504,6 @@ def _label_scores(ctx: Context, since: float) -> list[dict[str, Any]]:
 
 
 def _curate(ctx: Context, report: StageReport, summary: Summary) -> None:
-    from jobs.receval import curate
     result = curate.run(ctx.spark, ctx.settings, ctx.run_id)
     summary.curation = result
     report.chains = result.counts["batch"]
@@ -566,14 +554,15 @@ def label_scores_table(rows: list[dict[str, Any]]):
     """The summary's "Scores by label" table: mean chain scores of this run's chains per dataset and label."""
     from rich.table import Table
 
-    from jobs.receval.aggregate import LABEL_SCORE_COLS
+    from jobs.receval.aggregate import label_score_cols
 
+    cols = label_score_cols()
     t = Table(title="Scores by label (chains scored by this run; mean of each chain's min over steps; "
                     "label value 1 = no error, 0 = error)")
-    for col in ("dataset", "label", "value", "chains", *LABEL_SCORE_COLS):
+    for col in ("dataset", "label", "value", "chains", *cols):
         t.add_column(col, justify="left" if col in ("dataset", "label") else "right")
     for r in rows:
-        means = ["-" if r[c] is None else f"{r[c]:.3f}" for c in LABEL_SCORE_COLS]
+        means = ["-" if r[c] is None else f"{r[c]:.3f}" for c in cols]
         value = "" if r["value"] is None else f"{r['value']:g}"
         t.add_row(str(r["dataset"]), r["label"], value, str(r["chains"]), *means)
     return t
@@ -622,45 +611,45 @@ def print_summary(summary: Summary, settings: Settings) -> None:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def main(argv: list[str] | None = None, transforms: Transforms | None = None) -> Summary:
-    from jobs.infra.session import build_session
-    from jobs.infra.tracking import job_run
-
-    settings, args = tables.job_args(__doc__ or "pipeline", argv)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _check_models(settings, transforms)
-    spark = build_session(settings.spark)
-    if args.dry_run:
-        print(dry_run(spark, settings))
-        raise SystemExit(0)
-    with job_run(settings, "pipeline") as tracked:
-        summary = run(spark, settings, tracked, transforms)
-    summary.mlflow_run_id = tracked.run_id
-    print_summary(summary, settings)
+def _body(job: Job, transforms: Transforms | None = None) -> Summary:
+    summary = run(job.spark, job.settings, job.tracked, transforms)
+    summary.mlflow_run_id = job.tracked.run_id
+    print_summary(summary, job.settings)
     return summary
+
+
+STAGE = Stage(
+    "pipeline", __doc__, _body, section="pipeline", parts=PARTS,
+    check=lambda settings, args: prepare(settings, None),
+    plan=lambda spark, settings, args: plan_lines(spark, settings),
+)
+
+
+def main(argv: list[str] | None = None, transforms: Transforms | None = None) -> Summary:
+    """The nightly job; `transforms` (tests) stand in for the models, whose check is then skipped."""
+    if transforms is None:
+        return STAGE.main(argv)
+    return replace(STAGE, body=lambda job: _body(job, transforms),
+                   check=lambda settings, args: prepare(settings, transforms)).main(argv)
 
 
 def _new_chains(spark: SparkSession, settings: Settings) -> int:
     """Chains ingest would add: the input validated and compared with `chains`, nothing written."""
-    from jobs.receval import ingest
-
     raw = ingest.check(ingest.read_raw(spark, settings.ingest), settings.ingest, settings.runtime.on_row_error)
     chains, _ = ingest.transform(raw, settings.ingest, settings.runtime.on_row_error)
     existing = tables.read(spark, settings.table("chains"), C.SCHEMA).select(C.CHAIN_ID)
     return chains.join(existing, C.CHAIN_ID, "left_anti").count()
 
 
-def dry_run(spark: SparkSession, settings: Settings) -> str:
+def plan_lines(spark: SparkSession, settings: Settings) -> list[str]:
     """Per stage: what it would read (tables, versions), how many chains it would do, what it would write.
 
     Reads Delta logs, counts rows and validates the input files; writes nothing and starts no MLflow run.
     A stage's count is what waits for it now plus what the stages before it would hand on tonight.
     """
-    from jobs.infra.lineage import table_line
-
     ctx = Context(spark, settings, "dry-run", Transforms())
     wanted = settings.pipeline.stages
-    lines = [f"[dry-run] pipeline, config hash {ctx.config_hash}: nothing is written; no MLflow run is created"]
+    lines = []
     if settings.pipeline.rescore:
         lines.append(f"rescore: would delete every row of config hash {ctx.config_hash} from {', '.join(HASHED_TABLES)}")
     handed_on = 0
@@ -674,28 +663,29 @@ def dry_run(spark: SparkSession, settings: Settings) -> str:
         else:
             handed_on = _new_chains(spark, settings)
             lines.append(f"  would add {handed_on} chains")
-        lines += [f"  writes {table_line(spark, settings, t)}" for t in ("chains", "quarantine", "input_files")]
+        lines += table_lines(spark, settings, INGEST)
     for stage in CHAIN_STAGES:
         if stage.name not in wanted:
             continue
         waiting = todo(ctx, stage).count()
         lines.append(f"{stage.name}: would do {waiting + handed_on} chains ({waiting} waiting now, up to "
                      f"{handed_on} from the stages before)")
-        lines += [f"  reads  {table_line(spark, settings, t)}" for t in stage.inputs]
-        lines += [f"  writes {table_line(spark, settings, t)}" for t in stage.outputs]
+        lines += table_lines(spark, settings, stage.declared)
         handed_on += waiting
     if "curate" in wanted:
         lines.append(f"curate: would decide up to {handed_on} newly scored chains plus any the current rules "
                      "have not decided")
-        lines += [f"  reads  {table_line(spark, settings, 'chain_scores')}"]
-        lines += [f"  writes {table_line(spark, settings, t)}" for t in ("curation", "curated", "rejected")]
+        lines += table_lines(spark, settings, curate.STAGE)
     if "report" in wanted:
         lines.append("report: would write the nightly report (MLflow artifact and <lake>/_reports/)")
-    return "\n".join(lines)
+    return lines
 
 
-def _check_models(settings: Settings, transforms: Transforms | None) -> None:
-    """Fail before any table is touched when a configured model is missing (clear message, no partial run)."""
+def prepare(settings: Settings, transforms: Transforms | None) -> None:
+    """Before the session starts: the tokenizers' own threads off (the executors' worker processes inherit
+    the variable), and a configured model that is missing fails with a clear message before any table is
+    touched (skipped when `transforms` stand in for the models)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if transforms is not None:
         return
     from jobs.receval import pvi_scores

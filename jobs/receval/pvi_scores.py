@@ -33,6 +33,7 @@ from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
 from jobs.infra import tables
 from jobs.infra.config import ModelRef, ModelsSettings, RuntimeSettings, Settings
+from jobs.infra.stage import Job, Stage
 from jobs.receval.settings import PviSettings
 from schemas import step_scores as SS
 from schemas import steps as ST
@@ -43,7 +44,7 @@ log = logging.getLogger(__spec__.name)
 
 ERROR = "error"  # null when every score of the step came back; read by jobs.receval.score and `run`
 TRUNCATED = SS.PVI_TRUNCATED  # some source or target of the step's passes was cut to the model's limit
-STAGE = "pvi"
+QUARANTINE_STAGE = "pvi"
 
 # A fake LM for tests: scorer(role, sources, targets) -> list[TargetScore], role in pvi_g|pvi_null|info_gain.
 Scorer = Callable[[str, Sequence[str], Sequence[str]], Sequence[loglik.TargetScore]]
@@ -298,7 +299,7 @@ def run(spark: SparkSession, settings: Settings, job=None, scorer: Scorer | None
         )
         if n_bad:
             rows = tables.quarantine_rows(
-                bad, STAGE, "scoring_error", F.col(ERROR), chain_id=F.col(SS.CHAIN_ID),
+                bad, QUARANTINE_STAGE, "scoring_error", F.col(ERROR), chain_id=F.col(SS.CHAIN_ID),
                 raw=F.to_json(F.struct(SS.CHAIN_ID, SS.CONFIG_HASH, SS.STEP_IDX)),
                 source=F.concat(F.lit("config_hash:"), F.col(SS.CONFIG_HASH)),
                 run_id=getattr(job, "local_id", None),
@@ -317,14 +318,23 @@ def run(spark: SparkSession, settings: Settings, job=None, scorer: Scorer | None
     return counts
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    from jobs.infra.tracking import job as job_context
+def _body(job: Job) -> dict[str, int]:
+    spark, settings = job.spark, job.settings
+    job.tracked.set_tags({"input_steps_version": tables.version(spark, settings.table("steps"))})
+    counts = run(spark, settings, job.tracked)
+    job.tracked.set_tags({"output_step_scores_version": tables.version(spark, settings.table("step_scores"))})
+    return counts
 
-    with job_context("pvi_scores", __doc__.splitlines()[0], argv) as (spark, settings, job):
-        check_models(settings)
-        job.set_tags({"input_steps_version": tables.version(spark, settings.table("steps"))})
-        run(spark, settings, job)
-        job.set_tags({"output_step_scores_version": tables.version(spark, settings.table("step_scores"))})
+
+STAGE = Stage(
+    "pvi_scores", __doc__, _body, reads=("steps", "contexts"), writes=("step_scores", "quarantine"), section="pvi",
+    # Before any session or run: an unreachable or untrained model fails with nothing touched.
+    check=lambda settings, args: check_models(settings),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, int]:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

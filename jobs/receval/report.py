@@ -119,7 +119,7 @@ def _scope(spark: SparkSession, settings: Settings, run_id: str) -> tuple[DataFr
 def worst_chains(scores: DataFrame, n: int) -> dict[str, list[dict[str, Any]]]:
     """metric -> the n chains with the lowest chain score (nulls last, then chain_id for a stable order)."""
     out = {}
-    for metric in CS.METRIC_NAMES:
+    for metric in CS.metric_names():
         col = CS.min_col(metric)
         rows = scores.where(F.col(col).isNotNull()).orderBy(F.col(col).asc(), F.col(CS.CHAIN_ID)).limit(n).collect()
         out[metric] = [r.asDict() for r in rows]
@@ -158,7 +158,7 @@ def _why(metric: str, step: dict[str, Any], score: dict[str, Any]) -> str:
         ("premise RCUs", " | ".join(step.get(ST.PREMISE_RCUS) or []) or "(none)"),
         ("conclusion RCU", step.get(ST.CONCLUSION_RCU)),
         ("intra-step premise used", score.get(SS.INTRA_PREMISE) or "(none: score 1.0 by definition)"),
-        ("intra_entail", num(score.get(SS.INTRA_ENTAIL))),
+        (SS.INTRA_ENTAIL, num(score.get(SS.INTRA_ENTAIL))),
         ("inter (1 - max contradiction)", num(score.get(SS.INTER))),
         (
             "most contradicting premise",
@@ -174,11 +174,17 @@ def _why(metric: str, step: dict[str, Any], score: dict[str, Any]) -> str:
             f"{num(score.get(SS.INFO_GAIN))} = {num(score.get(SS.IG_L))} - {num(score.get(SS.IG_L_PREV))}",
         ),
     ]
-    body = "".join(f"<tr><td>{esc(k)}</td><td>{v if k in _NUMERIC_ROWS else esc(v)}</td></tr>" for k, v in rows)
+    # A registered step score the rows above do not explain part by part still shows its value at this step.
+    others = [m for m in CS.metric_names() if m not in _EXPLAINED]
+    rows += [(m, num(score.get(m))) for m in others]
+    numeric = _NUMERIC_ROWS | set(others)  # num() has escaped them already
+    body = "".join(f"<tr><td>{esc(k)}</td><td>{v if k in numeric else esc(v)}</td></tr>" for k, v in rows)
     return f'<table class="why">{body}</table>'
 
 
-_NUMERIC_ROWS = {"intra_entail", "inter (1 - max contradiction)"}
+_NUMERIC_ROWS = {SS.INTRA_ENTAIL, "inter (1 - max contradiction)"}
+# The step scores the rows of `_why` explain with the numbers they came from.
+_EXPLAINED = {SS.INTRA_ENTAIL, SS.INTER, SS.INTRA_PVI, SS.INFO_GAIN}
 
 
 def _worst_cls(hot: bool) -> str:
@@ -350,11 +356,12 @@ QUANTILES = [0.05, 0.25, 0.5, 0.75, 0.95]
 def night_quantiles(scores: DataFrame, nights: int = 14) -> dict[str, list[tuple[str, list[float]]]]:
     """metric -> [(night, its chain-score quantiles QUANTILES)] for the last `nights` nights (UTC scoring date)."""
     night = F.date_format(F.col(CS.SCORED_AT), "yyyy-MM-dd").alias("night")
-    aggs = [F.percentile_approx(CS.min_col(m), QUANTILES).alias(m) for m in CS.METRIC_NAMES]
+    metrics = CS.metric_names()
+    aggs = [F.percentile_approx(CS.min_col(m), QUANTILES).alias(m) for m in metrics]
     rows = scores.groupBy(night).agg(*aggs).orderBy(F.col("night").desc()).limit(nights).collect()
-    out: dict[str, list[tuple[str, list[float]]]] = {m: [] for m in CS.METRIC_NAMES}
+    out: dict[str, list[tuple[str, list[float]]]] = {m: [] for m in metrics}
     for r in sorted(rows, key=lambda r: r["night"] or ""):
-        for m in CS.METRIC_NAMES:
+        for m in metrics:
             if r["night"] is not None and r[m] is not None:
                 out[m].append((r["night"], [float(v) for v in r[m]]))
     return out

@@ -15,11 +15,12 @@ from pyspark.sql import functions as F
 from jobs.infra import tables
 from jobs.infra.config import Settings
 from jobs.infra.progress import counted
+from jobs.infra.stage import Stage
 from schemas import step_scores as SS
 from schemas import steps as ST
 
 ERROR = "error"
-STAGE = "score"
+QUARANTINE_STAGE = "score"
 KEYS = [SS.CHAIN_ID, SS.STEP_IDX, SS.CONFIG_HASH]
 
 ScoreFn = Callable[[DataFrame, DataFrame, Settings], DataFrame]
@@ -113,7 +114,7 @@ def split(scored: DataFrame, run_id: str | None = None) -> tuple[DataFrame, Data
     failed = flagged.where(F.col("_chain_failed"))
     bad = tables.quarantine_rows(
         failed,
-        STAGE,
+        QUARANTINE_STAGE,
         F.when(F.col(ERROR).isNull(), F.lit("chain_has_failed_step")).otherwise(_reason(F.col(ERROR))),
         F.coalesce(F.col(ERROR), F.lit("another step of this chain failed to score")),
         chain_id=F.col(SS.CHAIN_ID),
@@ -189,3 +190,8 @@ def tally(scored: DataFrame) -> dict[str, int]:
         F.sum(F.when(~F.col("failed"), F.col("cut")).otherwise(0)).alias("truncated"),
     ).first()
     return {key: int(row[key] or 0) for key in ("steps", "quarantined", "truncated")}
+
+
+# A part of the nightly pipeline only (it scores the chains the pipeline hands it); `python -m
+# jobs.receval.nli_scores` and `jobs.receval.pvi_scores` score a whole steps table on their own.
+STAGE = Stage("scores", __doc__, reads=("steps", "contexts"), writes=("step_scores", "quarantine"))

@@ -31,7 +31,7 @@ from pyspark.sql.types import ArrayType, StringType, StructField, StructType
 from jobs.infra import tables
 from jobs.infra.config import ModelsSettings, RuntimeSettings, Settings
 from jobs.infra.progress import counted
-from jobs.infra.tracking import job
+from jobs.infra.stage import Job, Stage
 from jobs.receval.settings import StepsSettings
 from schemas import chains as C
 from schemas import steps as S
@@ -39,7 +39,7 @@ from udfs import rcu, rcu_clauses
 
 log = logging.getLogger(__spec__.name)
 
-STAGE = "steps"
+QUARANTINE_STAGE = "steps"
 _INPUT = (C.CHAIN_ID, C.CONTEXT, C.QUESTION, C.STEPS, C.CHAIN_TEXT, C.ANSWER, C.STEP_RCUS)
 STEP_EXTRACTOR = "extractor"  # per step: the configured extractor's name, or "given" for units the chain carried
 GIVEN = "given"
@@ -330,7 +330,7 @@ def split(extracted: DataFrame, opts: Options, scoring_hash: str) -> tuple[DataF
     )
     bad = extracted.where(F.col("error").isNotNull())
     quarantined = tables.quarantine_rows(
-        bad, STAGE, F.col("error"), F.col("detail"), chain_id=F.col(C.CHAIN_ID), raw=F.col("raw"), source=None
+        bad, QUARANTINE_STAGE, F.col("error"), F.col("detail"), chain_id=F.col(C.CHAIN_ID), raw=F.col("raw"), source=None
     )
     return tables.conform(steps, S.SCHEMA), tables.conform(contexts, S.CONTEXTS_SCHEMA), quarantined
 
@@ -400,24 +400,31 @@ def run(spark: SparkSession, settings: Settings, chains: DataFrame | None = None
     return counts
 
 
-def main(argv: list[str] | None = None) -> dict[str, int]:
-    with job(STAGE, __doc__, argv) as (spark, settings, tracked):
-        before = {t: tables.version(spark, settings.table(t)) for t in ("steps", "contexts")}
-        counts = run(spark, settings, run_id=tracked.local_id)
-        after = {t: tables.version(spark, settings.table(t)) for t in ("steps", "contexts")}
-        tracked.log_metrics({f"rows_{k}": v for k, v in counts.items()})
-        tracked.set_tags(
-            {
-                "config_hash": settings.scoring_hash(),
-                "extractor": Options.from_settings(settings).extractor_name,
-                "chains_version": tables.version(spark, settings.table("chains")),
-                **{f"{t}_version_before": v for t, v in before.items()},
-                **{f"{t}_version_after": v for t, v in after.items()},
-            }
-        )
-        if not counts["reconciled"]:
-            raise RuntimeError(f"steps counts do not reconcile: {counts}")
+def _body(job: Job) -> dict[str, int]:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    before = {t: tables.version(spark, settings.table(t)) for t in ("steps", "contexts")}
+    counts = run(spark, settings, run_id=tracked.local_id)
+    after = {t: tables.version(spark, settings.table(t)) for t in ("steps", "contexts")}
+    tracked.log_metrics({f"rows_{k}": v for k, v in counts.items()})
+    tracked.set_tags(
+        {
+            "config_hash": settings.scoring_hash(),
+            "extractor": Options.from_settings(settings).extractor_name,
+            "chains_version": tables.version(spark, settings.table("chains")),
+            **{f"{t}_version_before": v for t, v in before.items()},
+            **{f"{t}_version_after": v for t, v in after.items()},
+        }
+    )
+    if not counts["reconciled"]:
+        raise RuntimeError(f"steps counts do not reconcile: {counts}")
     return counts
+
+
+STAGE = Stage("steps", __doc__, _body, reads=("chains",), writes=("steps", "contexts", "quarantine"), section="steps")
+
+
+def main(argv: list[str] | None = None) -> dict[str, int]:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

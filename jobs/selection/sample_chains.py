@@ -34,14 +34,14 @@ from pyspark.sql import functions as F
 
 from jobs.infra import tables
 from jobs.infra.config import RuntimeSettings, Settings, resolve_path
-from jobs.infra.tracking import job
+from jobs.infra.stage import Job, Stage
 from jobs.selection.settings import SampleSettings
 from schemas import chains as C
 from udfs import sampling
 
 log = logging.getLogger(__spec__.name)
 
-STAGE = "sample_chains"
+QUARANTINE_STAGE = "sample_chains"
 # Blank as Python's str.strip() (ingest's rule) sees it: Java's \s misses \x1c-\x1f, NBSP and the Unicode spaces.
 BLANK = r"^[\s\x{1c}-\x{1f}\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]*$"
 QUESTION_FIELDS = f"{C.QUESTION_ID} string, {C.CONTEXT} string, {C.GOLD_ANSWER} string, prompt string"
@@ -188,13 +188,13 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None, draw
         rows.orderBy(C.QUESTION_ID, C.CHAIN_ID).coalesce(1).write.mode("overwrite").json(out)
         written = rows.count()
         reasons = {r["_reason"]: r["n"] for r in failed.groupBy("_reason").agg(F.count(F.lit(1)).alias("n")).collect()}
-        quarantine = tables.quarantine_rows(failed, STAGE, F.col("_reason"), F.col("_detail"),
+        quarantine = tables.quarantine_rows(failed, QUARANTINE_STAGE, F.col("_reason"), F.col("_detail"),
                                             chain_id=F.col("_chain_id"), raw=F.col("prompt"),
                                             source=F.lit(str(resolve_path(cfg.questions_path))), run_id=run_id)
         if bad:
             rejects = spark.createDataFrame(bad, "reason string, detail string, raw string")
             quarantine = quarantine.unionByName(tables.quarantine_rows(
-                rejects, STAGE, F.col("reason"), F.col("detail"), raw=F.col("raw"),
+                rejects, QUARANTINE_STAGE, F.col("reason"), F.col("detail"), raw=F.col("raw"),
                 source=F.lit(str(resolve_path(cfg.questions_path))), run_id=run_id))  # fmt: skip
         if reasons or bad:
             tables.append_quarantine(spark, settings, quarantine)
@@ -210,17 +210,24 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None, draw
     }  # fmt: skip
     if not counts["reconciled"]:
         raise RuntimeError(f"sample_chains counts do not reconcile: {counts} (expected {expected} chains)")
-    log.info("[%s] %s", STAGE, counts)
+    log.info("[%s] %s", QUARANTINE_STAGE, counts)
     return counts
+
+
+def _body(job: Job) -> dict[str, Any]:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    counts = run(spark, settings, tracked.run_id)
+    tracked.log_metrics({k: v for k, v in counts.items() if isinstance(v, (int, float))})
+    tracked.set_tags({"sample_output": counts["output"]})
+    print(json.dumps(counts))
+    return counts
+
+
+STAGE = Stage("sample_chains", __doc__, _body, writes=("quarantine",), section="sample")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    with job(STAGE, __doc__, argv) as (spark, settings, tracked):
-        counts = run(spark, settings, tracked.run_id)
-        tracked.log_metrics({k: v for k, v in counts.items() if isinstance(v, (int, float))})
-        tracked.set_tags({"sample_output": counts["output"]})
-        print(json.dumps(counts))
-    return counts
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

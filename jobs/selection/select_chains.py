@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 from jobs.infra import tables
 from jobs.infra.config import Settings
-from jobs.infra.tracking import job
+from jobs.infra.stage import Job, Stage
 from jobs.selection.settings import SelectSettings
 from schemas import chain_scores as CS
 from schemas import chains as C
@@ -166,13 +166,20 @@ def report(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    with job("select_chains", __doc__, argv) as (spark, settings, tracked):
-        rows = run(spark, settings)
-        tracked.log_metrics({f"accuracy_{r[C.DATASET]}_{r[METHOD]}": r["accuracy"] for r in rows})
-        tracked.log_text("select_chains/accuracy.md", report(rows))
-        print(report(rows))
+def _body(job: Job) -> list[dict]:
+    spark, settings, tracked = job.spark, job.settings, job.tracked
+    rows = run(spark, settings)
+    tracked.log_metrics({f"accuracy_{r[C.DATASET]}_{r[METHOD]}": r["accuracy"] for r in rows})
+    tracked.log_text("select_chains/accuracy.md", report(rows))
+    print(report(rows))
     return rows
+
+
+STAGE = Stage("select_chains", __doc__, _body, reads=("chains", "chain_scores"), writes=(), section="select")
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

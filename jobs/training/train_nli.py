@@ -38,6 +38,7 @@ import numpy as np
 
 from jobs.infra.config import Settings, resolve_path
 from jobs.infra.progress import Progress
+from jobs.infra.stage import Job, Stage
 from jobs.training.settings import NLI_LABELS, NliSourceSettings, TrainNliSettings
 
 log = logging.getLogger(__spec__.name)
@@ -506,23 +507,27 @@ def check_sources(settings: Settings) -> None:
         refuse_evaluation_data(resolve_path(cfg.sources[name].path, settings.paths.data), settings)
 
 
-def main(argv: Sequence[str] | None = None) -> str | None:
-    """Train; metrics and the model in one MLflow run; returns the model folder's runs:/ URI."""
-    from jobs.infra.tables import job_args
-    from jobs.infra.tracking import job_run
+def _plan(spark: Any, settings: Settings, args: Any) -> list[str]:
+    cfg = settings.train_nli
+    return [f"  would fine-tune {cfg.base_model} on {', '.join(cfg.use)} ({cfg.epochs:g} epochs, holdout "
+            f"{cfg.holdout:g}) into {output_dir(settings)}"]
 
-    settings, args = job_args(__doc__.splitlines()[0], argv)
-    check_sources(settings)
-    if args.dry_run:
-        cfg = settings.train_nli
-        print(f"[dry-run] train_nli: would fine-tune {cfg.base_model} on {', '.join(cfg.use)} "
-              f"({cfg.epochs:g} epochs, holdout {cfg.holdout:g}) into {output_dir(settings)}; nothing is written")
-        raise SystemExit(0)
-    with job_run(settings, "train_nli") as job:
-        out, _ = run(settings, job)
-        job.log_model(out, "nli", settings.train_nli.registered_model)
-        job.log_folder("model", out)
-    return f"runs:/{job.run_id}/model" if job.run_id is not None else None
+
+def _body(job: Job) -> str | None:
+    """Train; metrics and the model in one MLflow run; returns the model folder's runs:/ URI."""
+    settings, tracked = job.settings, job.tracked
+    out, _ = run(settings, tracked)
+    tracked.log_model(out, "nli", settings.train_nli.registered_model)
+    tracked.log_folder("model", out)
+    return f"runs:/{tracked.run_id}/model" if tracked.run_id is not None else None
+
+
+STAGE = Stage("train_nli", __doc__, _body, section="train_nli", uses_spark=False, plan=_plan,
+              check=lambda settings, args: check_sources(settings))
+
+
+def main(argv: Sequence[str] | None = None) -> str | None:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from typing import Any
 
 from jobs.infra.config import Settings, resolve_path
 from jobs.infra.progress import Progress
+from jobs.infra.stage import Job, Stage
 from jobs.training.settings import TrainPviSettings
 from udfs import pvi_prompts as P
 
@@ -319,32 +320,37 @@ def run(settings: Settings, job=None) -> tuple[Path, list[dict[str, float]]]:
     return out, history
 
 
-def main(argv: Sequence[str] | None = None) -> str | None:
-    """Train; per-epoch metrics (step = epoch) and the best model as an MLflow model; returns its runs:/ URI."""
-    from jobs.infra.tables import job_args
-    from jobs.infra.tracking import job_run
+def _plan(spark: Any, settings: Settings, args: Any) -> list[str]:
+    cfg = settings.train_pvi
+    return [f"  would train a {cfg.kind} model from {cfg.base_model} on {cfg.train_path} (dev {cfg.dev_path}) into "
+            f"{output_dir(settings)}"]
 
-    settings, args = job_args(__doc__.splitlines()[0], argv)
-    check_split(settings)  # before the MLflow run: a refused split leaves nothing behind
-    if args.dry_run:
-        cfg = settings.train_pvi
-        print(f"[dry-run] train_pvi: would train a {cfg.kind} model from {cfg.base_model} on {cfg.train_path} "
-              f"(dev {cfg.dev_path}) into {output_dir(settings)}; nothing is written")
-        raise SystemExit(0)
-    with job_run(settings, "train_pvi") as job:
-        out, history = run(settings, job)
-        for h in history:
-            job.log_metrics({k: v for k, v in h.items() if k != "epoch"}, step=int(h["epoch"]))
-        # The MLflow model (registrable, mlflow.pyfunc.load_model) and, as before, the plain folder as the run
-        # artifact `model`, which the scoring job loads by path after a download.
-        job.log_model(out, f"pvi_{settings.train_pvi.kind}", settings.train_pvi.registered_model)
-        job.log_folder("model", out)
-    if job.run_id is None:
+
+def _body(job: Job) -> str | None:
+    """Train; per-epoch metrics (step = epoch) and the best model as an MLflow model; returns its runs:/ URI."""
+    settings, tracked = job.settings, job.tracked
+    out, history = run(settings, tracked)
+    for h in history:
+        tracked.log_metrics({k: v for k, v in h.items() if k != "epoch"}, step=int(h["epoch"]))
+    # The MLflow model (registrable, mlflow.pyfunc.load_model) and, as before, the plain folder as the run
+    # artifact `model`, which the scoring job loads by path after a download.
+    tracked.log_model(out, f"pvi_{settings.train_pvi.kind}", settings.train_pvi.registered_model)
+    tracked.log_folder("model", out)
+    if tracked.run_id is None:
         return None
-    uri = f"runs:/{job.run_id}/model"
+    uri = f"runs:/{tracked.run_id}/model"
     log.info("[train_pvi] MLflow model %s%s", uri, f" registered as {settings.train_pvi.registered_model}"
              if settings.train_pvi.registered_model else "")
     return uri
+
+
+STAGE = Stage("train_pvi", __doc__, _body, section="train_pvi", uses_spark=False, plan=_plan,
+              # Before the MLflow run: a refused split leaves nothing behind.
+              check=lambda settings, args: check_split(settings))
+
+
+def main(argv: Sequence[str] | None = None) -> str | None:
+    return STAGE.main(argv)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def frame(spark, rows: list[dict]):
 def expected(chain: str, n: int, mins: dict, worst: dict, means: dict, api: tuple, config: str = "h1",
              at: dt.datetime = T0) -> dict:
     row = {CS.CHAIN_ID: chain, CS.CONFIG_HASH: config, CS.N_STEPS: n}
-    for m in CS.METRIC_NAMES:
+    for m in CS.metric_names():
         row[CS.min_col(m)] = mins[m]
         row[CS.worst_step_col(m)] = worst[m]
         row[CS.mean_col(m)] = means[m]
@@ -123,7 +123,7 @@ def test_run_idempotent_upsert(spark, settings):
 def test_by_label_means_per_dataset_and_label_value(spark):
     from schemas import chains as C
 
-    cols = aggregate.LABEL_SCORE_COLS  # intra_entail_min, intra_pvi_min, inter_min, info_gain_min
+    cols = aggregate.label_score_cols()  # intra_entail_min, intra_pvi_min, inter_min, info_gain_min
     scores = spark.createDataFrame(
         [("c1", 0.5, 1.0, 0.25, 0.5), ("c2", 0.25, -1.0, 0.75, None), ("c3", 0.0, 0.5, 0.5, -0.5),
          ("c4", 1.0, 2.0, 1.0, 1.0)],

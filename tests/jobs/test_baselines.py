@@ -13,6 +13,7 @@ from jobs.infra import tables
 from jobs.metaeval import baselines as BL
 from schemas import baseline_scores as B
 from schemas import chains as C
+from schemas import metrics as MR
 
 # The fakes travel to the Python workers by value: the workers cannot import this test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -69,7 +70,7 @@ def test_score_batch_per_step_rows_for_chains_given_as_steps():
     steps = out[out.step_idx.notna()]
     by_chain = steps.groupby("chain_id")["metric"].apply(set).to_dict()
     # c2 was split from its text here: no step index the lake shares. c3 has no context: LI only.
-    assert by_chain == {"c1": set(B.STEP_METRICS), "c3": {"roscoe_li_source_consistency", "roscoe_li_self_consistency"}}
+    assert by_chain == {"c1": set(MR.names(MR.STEP_BASELINE_SCORES)), "c3": {"roscoe_li_source_consistency", "roscoe_li_self_consistency"}}
     c1 = steps[steps.chain_id == "c1"].set_index(["metric", "step_idx"])["score"]
     # Step 1 "So Tom does not have cats." is contradicted (0.8) by the context and by step 0; step 0 by nothing (0.05).
     assert [c1[("roscoe_li_source_consistency", t)] for t in (0, 1)] == exact([0.95, 0.2])

@@ -9,8 +9,10 @@ from conftest import require_datasets
 
 from jobs.infra import tables
 from jobs.metaeval import human_labels as H
+from jobs.metaeval import localise
 from jobs.metaeval.settings import HumanLabelSettings
 from schemas import chains as C
+from schemas import step_labels as SL
 
 ROSCOE = HumanLabelSettings()
 
@@ -103,3 +105,95 @@ def test_run_inserts_once(spark, make_settings, tmp_path):
     assert table.count() == 2
     row = table.where("chain_id = 'toy:q1'").first()
     assert row[C.LABELS] == {"BAD": 0.0, "DUP": 1.0, "MISS": 0.0, "QUAL": 3.0}
+
+
+def _with_gold_and_unjudged(tmp_path) -> tuple[HumanLabelSettings, pd.DataFrame, list[dict]]:
+    """The synthetic set, with a gold answer for Tom and a second annotation of his chain whose step 1 nobody
+    judged."""
+    cfg, annotated, generated = _synthetic(tmp_path)
+    generated[1]["ref"] = "Tom has 2 cats.\nSo the answer is 2"
+    unjudged = {"ex": 1, "s1_text": "Step 1 - Tom has 2 cats.", "s1_q_Bad": None, "s1_q_Dup": None,
+                "s2_text": "Step 2 - So the answer is 3.", "s2_q_Bad": "yes", "s2_q_Dup": None,
+                "chain_Rating": 1, "chain_Miss": "no"}
+    return cfg, pd.concat([annotated, pd.DataFrame([unjudged])], ignore_index=True), generated
+
+
+def _rows(*rows: tuple) -> list[dict]:
+    return [{SL.CHAIN_ID: c, SL.STEP_IDX: i, SL.LABEL: label, SL.VALUE: v, SL.DATASET: "toy"} for c, i, label, v in rows]
+
+
+def test_adapt_step_labels_by_hand(tmp_path):
+    cfg, annotated, generated = _with_gold_and_unjudged(tmp_path)
+    records, rows = H.adapt_with_step_labels(annotated, generated, cfg)
+    assert records == H.adapt(annotated, generated, cfg)  # the chains as without step labels
+    assert rows == _rows(
+        # Tom: step 1 no/no, step 2 yes/no -> the earliest error is step 1 (0-based).
+        ("toy:q1", 0, "BAD", 1.0), ("toy:q1", 0, "DUP", 1.0), ("toy:q1", 1, "BAD", 0.0), ("toy:q1", 1, "DUP", 1.0),
+        ("toy:q1", 0, SL.FIRST_ERROR, 1.0), ("toy:q1", 1, SL.FIRST_ERROR, 0.0),
+        # Ann: one step, BAD no, DUP unanswered (no row) -> judged right: every step 1.0.
+        ("toy:q0", 0, "BAD", 1.0), ("toy:q0", 0, SL.FIRST_ERROR, 1.0),
+        # Tom again: step 1 not judged, so step 2's "yes" may not be the earliest error: no first_error rows.
+        ("toy:q1#2", 1, "BAD", 0.0),
+    )
+    assert [r[C.LABELS] for r in records] == [
+        {"BAD": 0.0, "DUP": 1.0, "MISS": 0.0, "QUAL": 3.0}, {"BAD": 1.0, "MISS": 1.0, "QUAL": 5.0},
+        {"BAD": 0.0, "MISS": 1.0, "QUAL": 1.0}]
+
+
+def test_companion_labels_put_the_earliest_error_and_answer_check_into_chain_labels(tmp_path):
+    cfg, annotated, generated = _with_gold_and_unjudged(tmp_path)
+    records = H.adapt(annotated, generated, cfg.model_copy(update={"companion_labels": True}))
+    assert [r[C.LABELS] for r in records] == [
+        # Tom's "2." equals the gold "2"; Ann's chain states no answer; the second Tom's earliest error is unknown.
+        {"BAD": 0.0, "DUP": 1.0, "MISS": 0.0, "QUAL": 3.0, SL.FIRST_ERROR_INDEX: 1.0, SL.FINAL_ANSWER_CORRECT: 1.0},
+        {"BAD": 1.0, "MISS": 1.0, "QUAL": 5.0, SL.FIRST_ERROR_INDEX: -1.0},
+        {"BAD": 0.0, "MISS": 1.0, "QUAL": 1.0, SL.FINAL_ANSWER_CORRECT: 0.0}]
+    assert [r[C.CONTENT_HASH] for r in records] == [r[C.CONTENT_HASH] for r in H.adapt(annotated, generated, cfg)]
+
+
+@pytest.mark.parametrize("answer, gold, correct", [
+    ("18", "18", 1.0), ("$1,000.", "1000", 1.0), ("18.0", "18", 1.0), ("17", "18", 0.0),
+    ("18 eggs", "18", None), (None, "18", None), ("18", None, None), ("nan", "nan", None),
+])
+def test_final_answer_correct_only_between_numbers(answer, gold, correct):
+    assert H.final_answer_correct(answer, gold) == correct
+
+
+def test_run_writes_step_labels_once_and_they_label_chains_for_localise(spark, make_settings, tmp_path):
+    cfg, annotated, generated = _with_gold_and_unjudged(tmp_path)
+    annotated.to_csv(cfg.annotated, index=False)
+    with open(cfg.generated, "w") as f:
+        f.writelines(json.dumps(g) + "\n" for g in generated)
+    settings = make_settings(*[f"human_labels.{k}={json.dumps(v)}" for k, v in cfg.model_dump().items()])
+    counts, step_counts = H.run_with_step_labels(spark, settings)
+    assert step_counts == {"step_labels": 9, "step_labels_inserted": 9, "chains_first_error_known": 2,
+                           "chains_first_error_step": 1}
+    assert H.run_with_step_labels(spark, settings)[1]["step_labels_inserted"] == 0
+    rows = [r.asDict() for r in tables.read(spark, settings.table("step_labels")).collect()]
+    key = lambda r: (r[SL.CHAIN_ID], r[SL.LABEL], r[SL.STEP_IDX])  # noqa: E731
+    assert sorted(rows, key=key) == sorted(H.adapt_with_step_labels(annotated, generated, cfg)[1], key=key)
+    # The chains carry no first_error_index: localise takes it from the step labels, and skips the unknown one.
+    chains = tables.read(spark, settings.table("chains"))
+    labelled = localise.labelled_chains(chains, tables.read(spark, settings.table("step_labels")), None)
+    assert sorted(tuple(r) for r in labelled.collect()) == [
+        ("toy:q0", "toy", 1, -1.0, -1.0, None), ("toy:q1", "toy", 2, 1.0, 1.0, None)]
+
+
+def test_load_step_labels_of_the_roscoe_annotations(gsm8k):
+    records, rows = H.load_with_step_labels(ROSCOE)
+    assert records == gsm8k
+    steps = sum(len(r[C.STEPS]) for r in records)
+    # Every step of the 200 chains answers all seven questions (881 steps).
+    assert Counter(r[SL.LABEL] for r in rows if r[SL.LABEL] != SL.FIRST_ERROR) == {
+        name: steps for name in ROSCOE.step_labels}
+    first = {}
+    for r in rows:
+        if r[SL.LABEL] == SL.FIRST_ERROR and r[SL.VALUE] == 0.0:
+            first[r[SL.CHAIN_ID]] = r[SL.STEP_IDX]
+    # A chain has an earliest error exactly when one of its step labels is an error, at the first step with a "yes".
+    erroneous = {r[C.CHAIN_ID] for r in records if min(r[C.LABELS][n] for n in ROSCOE.step_labels) == 0.0}
+    assert set(first) == erroneous and len(erroneous) == 93
+    for cid, idx in first.items():
+        yes = {x[SL.STEP_IDX] for x in rows if x[SL.CHAIN_ID] == cid and x[SL.LABEL] != SL.FIRST_ERROR
+               and x[SL.VALUE] == 0.0}
+        assert idx == min(yes)

@@ -171,3 +171,14 @@ def test_markdown_table_single_label_datasets_side_by_side():
     # Best of the ROSCOE-REP family per column; a family without rows in a column leaves it empty.
     assert "| **ROSCOE-REP** (best) | 0.30 (repetition_token) |  |" in table
     assert "QUAL (n=20, err=12)" in table
+
+
+def test_long_frame_leaves_out_the_earliest_error_index(spark):
+    from schemas import step_labels as SL
+
+    chains = spark.createDataFrame(
+        [{C.CHAIN_ID: "c", C.DATASET: "pb", C.CONTENT_HASH: "h",
+          C.LABELS: {SL.FIRST_ERROR_INDEX: 2.0, SL.FINAL_ANSWER_CORRECT: 0.0}}], C.SCHEMA)
+    scores = spark.createDataFrame([("c", "inter_min", 0.5)], "chain_id string, metric string, score double")
+    got = [tuple(r) for r in ME.long_frame(scores, chains).collect()]
+    assert got == [("pb", SL.FINAL_ANSWER_CORRECT, "inter_min", "c", 0.0, 0.5)]

@@ -168,7 +168,7 @@ def test_summary_scores_by_label_of_the_run(spark, clean_run, capsys):
 
     from mlflow.tracking import MlflowClient
 
-    from jobs.receval.aggregate import LABEL_SCORE_COLS
+    from jobs.receval.aggregate import label_score_cols
 
     settings = clean_run.settings
     ok = {json.loads(line)["chain_id"]: json.loads(line)["labels"]["verifier_correct"]
@@ -180,7 +180,7 @@ def test_summary_scores_by_label_of_the_run(spark, clean_run, capsys):
     assert list(got) == list(groups)  # the dataset's row first, then label values high to low
     for key, ids in groups.items():
         assert got[key]["chains"] == len(ids) == (24 if key[1] == "all" else 12)
-        for col in LABEL_SCORE_COLS:
+        for col in label_score_cols():
             assert got[key][col] == pytest.approx(statistics.fmean(scores[c][col] for c in ids), rel=1e-9), col
     pipeline.print_summary(clean_run.summary, settings)
     out = capsys.readouterr().out

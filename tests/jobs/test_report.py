@@ -20,7 +20,7 @@ HOSTILE = '<script>alert("x")</script><img src=x onerror="alert(1)">'
 
 def _chain(chain_id: str, texts: list[str], worst: int, ie: float) -> tuple[dict, dict]:
     row = {CS.CHAIN_ID: chain_id, CS.N_STEPS: len(texts)}
-    for m in CS.METRIC_NAMES:
+    for m in CS.metric_names():
         row[CS.min_col(m)] = ie
         row[CS.worst_step_col(m)] = worst
     steps = {
@@ -56,7 +56,7 @@ def _page() -> str:
         stage_rows=[("scores", 10, 2.5, 4.0)],
         curation=curation,
         scope_note="chains curated in this run",
-        worst={m: [row] for m in CS.METRIC_NAMES},
+        worst={m: [row] for m in CS.metric_names()},
         details={"chain-<1>": detail},
     )
 

@@ -1,0 +1,158 @@
+"""A stage, declared once, and the one command line every stage runs through.
+
+Every job module exports `STAGE = Stage(...)`: its name, the Delta tables it reads and writes, its settings
+section, its own flags and its body. `Stage.main(argv)` gives every stage the same entry point: `--config`,
+`--set`, `--print-config`, `--dry-run` and `--help`, one Spark session, one MLflow run (jobs.infra.tracking)
+with the tables it read and wrote as dataset lineage (jobs.infra.lineage), logs and the heartbeat. The nightly
+pipeline builds its plan, its dry-run and the lineage its child runs record from the stages it is made of
+(`parts`), so a stage's tables are written down in one place.
+
+The platform finds the stages without knowing them: `declared()` walks the `jobs` package and collects every
+module's `STAGE`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from jobs.infra import lineage
+from jobs.infra.config import Settings, describe, load_settings_with_sources
+from jobs.infra.tracking import JobRun, job_run
+
+Tables = tuple[str, ...] | Callable[[Settings], tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a stage's body gets: the session (None for a stage that needs no Spark), the settings, its MLflow
+    run and its parsed command line (the stage's own flags included)."""
+
+    spark: SparkSession | None
+    settings: Settings
+    tracked: JobRun
+    args: argparse.Namespace
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One job, declared once.
+
+    `reads`/`writes` are table names, or a function of the settings where a setting decides (curate reads
+    `step_scores` only with curation.step_thresholds). `check` runs before any session or run (a missing model
+    or a refused split fails with nothing touched); `plan` adds the stage's own dry-run lines (what it would
+    do) above the table lines; `run_name` names the MLflow run from the flags (`maintain_restore`). A stage
+    with `parts` is a composition (the pipeline): its dry-run and lineage are its parts'; one without a body
+    runs only as a part.
+    """
+
+    name: str
+    doc: str
+    body: Callable[[Job], Any] | None = None
+    reads: Tables = ()
+    writes: Tables = ()
+    section: str | None = None
+    arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    check: Callable[[Settings, argparse.Namespace], None] | None = None
+    plan: Callable[[SparkSession | None, Settings, argparse.Namespace], list[str]] | None = None
+    run_name: Callable[[argparse.Namespace], str] | None = None
+    uses_spark: bool = True
+    parts: tuple[Stage, ...] = field(default=())
+
+    def inputs(self, settings: Settings) -> tuple[str, ...]:
+        return self.reads(settings) if callable(self.reads) else self.reads
+
+    def outputs(self, settings: Settings) -> tuple[str, ...]:
+        return self.writes(settings) if callable(self.writes) else self.writes
+
+    def parser(self) -> argparse.ArgumentParser:
+        """The command line: the stage's own flags, then the ones every stage has."""
+        epilog = f"settings: the `{self.section}` section (see --print-config)" if self.section else None
+        parser = argparse.ArgumentParser(
+            description=self.doc, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        if self.arguments is not None:
+            self.arguments(parser)
+        parser.add_argument("--config", help="YAML file layered over conf/defaults.yaml and the profiles")
+        parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+        parser.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
+        parser.add_argument(
+            "--dry-run", action="store_true", help="print what the stage would read, do and write; change nothing"
+        )
+        return parser
+
+    def main(self, argv: Sequence[str] | None = None) -> Any:
+        """`python -m <the stage's module>`: parse, check, then run the body inside one MLflow run."""
+        args = self.parser().parse_args(argv)
+        settings, sources = load_settings_with_sources(args.config, args.overrides)
+        if args.print_config:
+            print(describe(settings, sources))
+            raise SystemExit(0)
+        if self.check is not None:
+            self.check(settings, args)
+        spark = None
+        if self.uses_spark:
+            from jobs.infra.session import build_session
+
+            spark = build_session(settings.spark)
+        if args.dry_run:
+            print(dry_run(spark, settings, self, args))
+            raise SystemExit(0)
+        if self.body is None:
+            raise SystemExit(f"{self.name} runs only as a part of a composed stage (the pipeline)")
+        name = self.run_name(args) if self.run_name is not None else self.name
+        with job_run(settings, name) as tracked:
+            lineage_of = () if self.parts or spark is None else (self,)
+            for stage in lineage_of:
+                lineage.log_tables(spark, settings, tracked, stage.inputs(settings), "input")
+            result = self.body(Job(spark, settings, tracked, args))
+            for stage in lineage_of:
+                lineage.log_tables(spark, settings, tracked, stage.outputs(settings), "output")
+        return result
+
+
+def settings_of(argv: Sequence[str]) -> Settings:
+    """The settings a stage's command line (`--config`, `--set`) resolves to; its other flags are ignored."""
+    args, _ = Stage("settings", "").parser().parse_known_args(argv)
+    return load_settings_with_sources(args.config, args.overrides)[0]
+
+
+def table_lines(spark: SparkSession | None, settings: Settings, stage: Stage) -> list[str]:
+    """The `reads`/`writes` lines of a stage's dry-run: each table's version and rows (reads Delta logs only)."""
+    if spark is None:
+        return [f"  reads  {n}" for n in stage.inputs(settings)] + [f"  writes {n}" for n in stage.outputs(settings)]
+    return [f"  reads  {lineage.table_line(spark, settings, n)}" for n in stage.inputs(settings)] + [
+        f"  writes {lineage.table_line(spark, settings, n)}" for n in stage.outputs(settings)
+    ]
+
+
+def dry_run(spark: SparkSession | None, settings: Settings, stage: Stage, args: argparse.Namespace) -> str:
+    """What a stage would do: its plan lines, then (unless it is a composition) the tables it would read and
+    write with their versions and rows. Reads Delta logs and counts; writes nothing, starts no MLflow run."""
+    lines = [f"[dry-run] {stage.name}, config hash {settings.scoring_hash()}: nothing is written; "
+             "no MLflow run is created"]
+    if stage.plan is not None:
+        lines += stage.plan(spark, settings, args)
+    if not stage.parts:
+        lines += table_lines(spark, settings, stage)
+    return "\n".join(lines)
+
+
+def declared(package: str = "jobs") -> dict[str, Stage]:
+    """Every stage of the project by name: the `STAGE` of each module under `package` (imports them all)."""
+    root = importlib.import_module(package)
+    found: dict[str, Stage] = {}
+    for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
+        module = importlib.import_module(info.name)
+        stage = getattr(module, "STAGE", None)
+        if isinstance(stage, Stage):
+            if stage.name in found:
+                raise ValueError(f"two stages named {stage.name!r}: {info.name} and another module")
+            found[stage.name] = stage
+    return found
