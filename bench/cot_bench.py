@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     from jobs.cot.data import load_bbh
-    from jobs.infra.config import CotSettings, resolve_path
+    from jobs.cot.settings import CotSettings
+    from jobs.infra.config import resolve_path
     from udfs.cot_text import direct_prompt
     from udfs.loglik import score
     from udfs.options import score_options

@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jobs.infra.config import PerturbSettings, resolve_path  # noqa: E402
+from jobs.infra.config import resolve_path  # noqa: E402
+from jobs.metaeval.settings import PerturbSettings  # noqa: E402
 
 EB_TEST = resolve_path(PerturbSettings().eb_task1_test)  # python -m jobs.infra.data fetch entailment_bank
 
@@ -96,7 +97,8 @@ def spark_run(spark, settings, chains) -> float:
     ctx_df = spark.createDataFrame(ctx, ST.CONTEXTS_SCHEMA).cache()
     steps_df.count(), ctx_df.count()
     start = time.perf_counter()
-    rows = P.transform(steps_df, ctx_df, settings).where("error is null").count()
+    scored = P.transform(steps_df, ctx_df, settings.pvi, settings.models, settings.runtime)
+    rows = scored.where("error is null").count()
     elapsed = time.perf_counter() - start
     assert rows == len(steps), f"{rows} scored of {len(steps)} steps"
     return elapsed

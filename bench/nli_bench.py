@@ -21,7 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jobs.infra.config import PerturbSettings, resolve_path  # noqa: E402
+from jobs.infra.config import resolve_path  # noqa: E402
+from jobs.metaeval.settings import PerturbSettings  # noqa: E402
 
 
 def eb_chains(n: int):
@@ -114,17 +115,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     spark = build_session(settings.spark, extra={"spark.sql.adaptive.enabled": "false", "spark.driver.memory": "2g"})
     chains = eb_chains(args.chains)
     steps, contexts = frames(spark, chains, "bench")
-    plan = nli_scores.plan(steps, contexts, settings)
+    plan = nli_scores.plan(steps, contexts, settings.nli, settings.models.nli, settings.runtime)
     total_pairs = plan.pairs.count()
     pairs = [(r["premise"], r["hypothesis"]) for r in plan.pairs.select("premise", "hypothesis").distinct().collect()]
     n = len(pairs)
     print(f"[nli_bench] {len(chains)} chains, {steps.count()} steps, {total_pairs} pairs, {n} distinct")
 
     # Spark: a warm-up pass starts the Python workers and loads the model into their cache, then a timed pass.
-    out = nli_scores.transform(steps, contexts, settings)
+    out = nli_scores.transform(steps, contexts, settings.nli, settings.models.nli, settings.runtime)
     out.write.format("noop").mode("overwrite").save()
     t0 = time.perf_counter()
-    out = nli_scores.transform(steps, contexts, settings)
+    out = nli_scores.transform(steps, contexts, settings.nli, settings.models.nli, settings.runtime)
     out.write.format("noop").mode("overwrite").save()
     spark_s = time.perf_counter() - t0
 

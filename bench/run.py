@@ -169,7 +169,7 @@ def pipeline(spark, settings, chains: list[workload.Chain]) -> int:
     failed = scored.where(F.col(score.ERROR).isNotNull()).select(score.ERROR).first()
     if failed is not None:
         raise RuntimeError(f"a step failed to score: {failed[0]}")
-    n = aggregate.transform(good, settings).count()
+    n = aggregate.transform(good, settings.aggregate).count()
     scored.unpersist()
     return n
 

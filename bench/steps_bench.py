@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-from jobs.infra.config import HumanLabelSettings, load_settings, resolve_path  # noqa: E402
+from jobs.infra.config import load_settings, resolve_path  # noqa: E402
+from jobs.metaeval.settings import HumanLabelSettings  # noqa: E402
 from jobs.receval import steps as J  # noqa: E402
 from schemas import chains as C  # noqa: E402
 from udfs import entailment_bank as eb  # noqa: E402
@@ -62,7 +63,8 @@ def spark_rate(spark, settings, records) -> tuple[int, float]:
     df = frame(spark, records).repartition(2).cache()
     df.count()
     start = time.perf_counter()
-    steps, contexts, quarantined = J.transform(df, settings)
+    steps, contexts, quarantined = J.transform(df, settings.steps, settings.models, settings.runtime,
+                                               settings.scoring_hash())
     n = steps.count()
     elapsed = time.perf_counter() - start
     assert contexts.count() + quarantined.count() == len(records)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from jobs.infra.config import HumanLabelSettings, PerturbSettings, resolve_path
+from jobs.infra.config import resolve_path
+from jobs.metaeval.settings import HumanLabelSettings, PerturbSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 # python -m jobs.infra.data fetch entailment_bank roscoe_gsm8k

@@ -121,8 +121,8 @@ def slow_scores(marker_dir: str, delay_s: float, argv: list[str]) -> None:
 
     real = nli_scores.predictor
 
-    def slow_predictor(settings):
-        make = real(settings)
+    def slow_predictor(*sections):
+        make = real(*sections)
 
         def factory():
             predict = make()

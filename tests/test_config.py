@@ -147,3 +147,83 @@ def test_quoted_override_is_the_text_inside_the_quotes():
     settings = load_settings(overrides=['human_labels.error_value="yes"', "runtime.batch_size='64'"], environ={})
     assert settings.human_labels.error_value == "yes"  # not '"yes"'
     assert settings.runtime.batch_size == 64
+
+
+# The defaults and scoring hashes as they were when every room's sections still lived in jobs/infra/config.py
+# (commit 34ece97, then main's processbench section and human_labels.companion_labels): composing the settings
+# from the rooms (issue 29) must change none of them. A change of a default is a change of behaviour: it updates
+# tests/data/config_defaults.json in the same commit, regenerated with `python -c "import json; from
+# jobs.infra.config import load_settings; print(json.dumps(load_settings(environ={}).model_dump(mode='json'),
+# indent=1, ensure_ascii=False))"`.
+DEFAULTS_DUMP = Path(__file__).parent / "data" / "config_defaults.json"
+SECTION_ORDER = [
+    "profile", "spark", "paths", "mlflow", "models", "runtime", "ingest", "steps", "nli", "pvi", "train_pvi",
+    "train_nli", "aggregate", "perturb", "meta_eval", "localise", "processbench", "human_labels", "baselines",
+    "select", "sample", "curation", "cot", "pipeline", "log", "maintain", "export",
+]
+
+
+def test_default_settings_dump_equals_the_pinned_one_in_order():
+    import json
+
+    pinned = json.loads(DEFAULTS_DUMP.read_text())
+    dumped = load_settings(environ={}).model_dump(mode="json")
+    assert dumped == pinned
+    # print-config and MLflow params list the settings in this order: the order is part of the output.
+    assert json.dumps(dumped) == json.dumps(pinned)
+
+
+def test_settings_sections_keep_their_order():
+    from jobs.infra.config import Settings
+
+    assert list(type(load_settings(environ={})).model_fields) == SECTION_ORDER
+    assert list(type(Settings()).model_fields) == SECTION_ORDER
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ([], "0682b5bc241c82e1"),
+        (["models.profile=small", "steps.extractor=spacy", "steps.batch_size=8"], "5238cd2b3d206975"),
+        (["nli.intra_history=2", "pvi.empty_premises=none", "runtime.max_length=256", "pvi.max_length=128"],
+         "f970f956f85de430"),
+        (["models.profile=paper"], "2a513410bd72b20c"),
+    ],
+)
+def test_scoring_hash_is_the_pinned_one(overrides, expected):
+    # Every table row is keyed by this hash: a change orphans every score already in the lake.
+    assert load_settings(overrides=overrides, environ={}).scoring_hash() == expected
+
+
+def test_settings_without_arguments_hash_as_the_defaults():
+    from jobs.infra.config import Settings
+
+    assert Settings().scoring_hash() == "0682b5bc241c82e1"
+    assert Settings(steps={"extractor": "spacy"}).steps.extractor == "spacy"
+
+
+def test_settings_model_refuses_sections_it_cannot_order_or_hash(monkeypatch):
+    # A room's section joins Settings by its ClassVars alone: two in one place, or two hash keys alike, would
+    # change print-config or the scoring hash silently.
+    from typing import ClassVar
+
+    from jobs.infra import config
+
+    class Twin(config.Section):
+        order: ClassVar[int] = config.SparkSettings.order
+
+    class Unplaced(config.Section):
+        pass
+
+    class Clash(config.Section):
+        order: ClassVar[int] = 5
+        scoring_fields: ClassVar[tuple[str, ...]] = ("max_length",)
+
+    for name, section, match in [("twin", Twin, "'twin' needs an `order` of its own"),
+                                 ("unplaced", Unplaced, "'unplaced' needs an `order`"),
+                                 ("clash", Clash, "same key into the scoring hash")]:
+        monkeypatch.setattr(config, "room_sections", lambda name=name, section=section: {name: section})
+        with pytest.raises(TypeError, match=match):
+            config.settings_model.__wrapped__()
+    monkeypatch.undo()
+    assert list(config.settings_model.__wrapped__().model_fields) == SECTION_ORDER

@@ -1,9 +1,11 @@
-"""Project layout: model/text code (udfs/) and table contracts (schemas/) know no job; jobs/ is split by concern."""
+"""Project layout: model/text code (udfs/) and table contracts (schemas/) know no job; jobs/ is split by concern;
+the platform (jobs/infra) knows no room; no import cycle."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,8 @@ import pytest
 from jobs.infra.config import PROJECT_ROOT
 
 SUBPACKAGES = ["infra", "receval", "metaeval", "cot", "training", "selection"]
+PACKAGES = ["jobs", "udfs", "schemas"]
+PLATFORM_MAY_IMPORT = ("jobs.infra", "schemas", "udfs")
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -22,6 +26,67 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append((node.lineno, node.module))
     return found
+
+
+def module_files(root: Path, packages: list[str]) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the given packages under `root` (a package is its __init__)."""
+    found = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def project_imports(path: Path, modules: Mapping[str, Path]) -> list[tuple[int, str]]:
+    """(line, module) for every import of a project module in a file, inside functions too; `from a import b`
+    names the module a.b when b is one."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [(node.lineno, sub if (sub := f"{node.module}.{alias.name}") in modules else node.module)
+                      for alias in node.names]
+    return [(line, module) for line, module in found if module in modules]
+
+
+def import_cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The modules of each import cycle: every strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def import_graph(root: Path, packages: list[str], skip: Iterable[tuple[str, str]] = ()) -> dict[str, set[str]]:
+    modules = module_files(root, packages)
+    skipped = set(skip)
+    return {
+        name: {m for _, m in project_imports(path, modules) if m != name and (name, m) not in skipped}
+        for name, path in modules.items()
+    }
 
 
 def jobs_imports(folder: Path) -> list[str]:
@@ -41,6 +106,51 @@ def test_no_module_under_udfs_or_schemas_imports_jobs(folder):
 def test_the_check_sees_an_import_inside_a_function(tmp_path):
     (tmp_path / "m.py").write_text("def f():\n    from jobs.receval.ingest import validate\n    import jobs\n")
     assert [m for _, m in imported_modules(tmp_path / "m.py")] == ["jobs.receval.ingest", "jobs"]
+
+
+def test_the_platform_imports_no_room():
+    # jobs/infra is the floor the rooms stand on: a room's change must never need a platform change.
+    modules = module_files(PROJECT_ROOT, PACKAGES)
+    offenders = [
+        f"{path.relative_to(PROJECT_ROOT)}:{line} imports {module}"
+        for name, path in modules.items() if name.split(".")[:2] == ["jobs", "infra"]
+        for line, module in project_imports(path, modules)
+        if not any(module == allowed or module.startswith(f"{allowed}.") for allowed in PLATFORM_MAY_IMPORT)
+    ]
+    assert offenders == [], f"jobs/infra may import only {', '.join(PLATFORM_MAY_IMPORT)}"
+
+
+def test_no_import_cycle():
+    cycles = import_cycles(import_graph(PROJECT_ROOT, PACKAGES))
+    assert cycles == [], "modules that import each other (through the others listed): " + "; ".join(
+        " <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_sees_a_cycle_through_a_function_import(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("from pkg import b\n")
+    (tmp_path / "pkg" / "b.py").write_text("def f():\n    from pkg.c import g\n")
+    (tmp_path / "pkg" / "c.py").write_text("import pkg.a\n")
+    (tmp_path / "pkg" / "d.py").write_text("import pkg.a\n")
+    graph = import_graph(tmp_path, ["pkg"])
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.c"}
+    assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+    assert import_cycles(import_graph(tmp_path, ["pkg"], skip={("pkg.c", "pkg.a")})) == []
+
+
+def test_every_room_section_is_a_settings_field_declared_by_its_room():
+    from jobs.infra.config import SECTIONS, Settings
+
+    fields = type(Settings()).model_fields
+    rooms = [name for name in SUBPACKAGES if (PROJECT_ROOT / "jobs" / name / "settings.py").exists()]
+    assert rooms == ["receval", "metaeval", "cot", "training", "selection"]
+    for room in rooms:
+        declared = importlib.import_module(f"jobs.{room}.settings").SECTIONS
+        for name, section in declared.items():
+            assert fields[name].annotation is section, name
+            assert section.__module__ == f"jobs.{room}.settings", name
+    assert all(fields[name].annotation is section for name, section in SECTIONS.items())
 
 
 def test_jobs_holds_only_documented_subpackages():

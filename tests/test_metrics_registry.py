@@ -170,7 +170,7 @@ def test_a_registered_step_score_flows_to_chain_scores_meta_eval_and_report(spar
     columns = CS.schema().fieldNames()
     assert columns[columns.index("info_gain_mean") + 1:columns.index("api_1")] == [
         "dummy_min", "dummy_worst_step", "dummy_mean"]
-    rows = aggregate.transform(_step_scores(spark), settings).collect()
+    rows = aggregate.transform(_step_scores(spark), settings.aggregate).collect()
     assert [r.asDict() for r in rows][0].keys() == set(columns)
     got = {r[CS.CHAIN_ID]: (r["dummy_min"], r["dummy_worst_step"], r["dummy_mean"]) for r in rows}
     assert got == {"c1": (0.5, 1, 0.625), "c2": (0.375, 0, 0.5), "c3": (0.125, 1, 0.1875), "c4": (0.0625, 0, 0.0625)}
@@ -182,7 +182,9 @@ def test_a_registered_step_score_flows_to_chain_scores_meta_eval_and_report(spar
         [Row(**{f.name: {C.CHAIN_ID: cid, C.DATASET: "toy", C.CONTEXT: "x", C.STEPS: ["s."], C.CONTENT_HASH: cid,
                          C.LABELS: {"HALL": label}}.get(f.name) for f in C.SCHEMA.fields})
          for cid, (label, _) in CHAINS.items()], C.SCHEMA)
-    result = {r[M.METRIC]: r for r in ME.transform(spark, scores, chains, None, settings).collect()}
+    evaluated = ME.transform(spark, scores, chains, None, settings.meta_eval, settings.scoring_hash(),
+                             settings.log.progress_seconds)
+    result = {r[M.METRIC]: r for r in evaluated.collect()}
     dummy = result["dummy_min"]
     assert (dummy[M.DATASET], dummy[M.LABEL], dummy[M.SOMERS_D], dummy[M.N], dummy[M.N_ERRORS]) == (
         "toy", "HALL", 1.0, 4, 2)

@@ -20,7 +20,8 @@ import yaml
 from jinja2 import StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 
-from jobs.infra.config import CotSettings, resolve_path
+from jobs.cot.settings import CotSettings
+from jobs.infra.config import resolve_path
 from schemas import cot as S
 from udfs import cot_fewshot
 from udfs.cot_text import parse_options

@@ -25,8 +25,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
 from jobs.cot.data import Reject, load_examples, load_fewshot
+from jobs.cot.settings import CotSettings
 from jobs.infra import tables
-from jobs.infra.config import CotSettings, Settings
+from jobs.infra.config import Settings
 from jobs.infra.progress import Progress, counted
 from jobs.infra.stage import Job, Stage
 from schemas import cot as S
@@ -449,7 +450,7 @@ def protocol_hash(settings: Settings) -> str:
     import hashlib
     import json
 
-    from jobs.infra.config import OFFICIAL_COT
+    from jobs.cot.settings import OFFICIAL_COT
 
     cfg, ref = settings.cot, settings.models.cot
     keyed = {k: getattr(cfg, k) for k in OFFICIAL_COT}

@@ -19,8 +19,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.infra import tables
-from jobs.infra.config import Settings
+from jobs.infra.config import ModelsSettings, RuntimeSettings, Settings
 from jobs.infra.stage import Job, Stage
+from jobs.metaeval.settings import BaselineSettings
 from schemas import baseline_scores as B
 from schemas import chains as C
 from udfs import roscoe
@@ -54,8 +55,8 @@ def sentences(text: str | None, nlp: Any) -> list[str]:
     return [s.text.strip() for s in nlp(text).sents if s.text.strip()]
 
 
-def embed_factory(settings: Settings) -> EmbedFactory:
-    ref, rt, cfg = settings.models.embedding, settings.runtime, settings.baselines
+def embed_factory(cfg: BaselineSettings, models: ModelsSettings, rt: RuntimeSettings) -> EmbedFactory:
+    ref = models.embedding
 
     def factory() -> roscoe.Embedder:
         from udfs import runtime
@@ -68,10 +69,10 @@ def embed_factory(settings: Settings) -> EmbedFactory:
     return factory
 
 
-def contradict_factory(settings: Settings) -> ContradictFactory:
+def contradict_factory(models: ModelsSettings, rt: RuntimeSettings) -> ContradictFactory:
     from udfs import nli
 
-    ref, rt = settings.models.nli, settings.runtime
+    ref = models.nli
     make = nli.model_predictor(ref.path, ref.revision, rt.device, rt.dtype, rt.batch_size, rt.max_length,
                                rt.torch_threads, rt.trust_remote_code, cache_size=rt.model_cache_size)
 
@@ -133,15 +134,14 @@ def score_batch(pdf: pd.DataFrame, groups: list[str], reference_based: bool, nlp
     return frame
 
 
-def transform(chains: DataFrame, settings: Settings, embed: EmbedFactory | None = None,
-              contradict: ContradictFactory | None = None) -> DataFrame:
+def transform(chains: DataFrame, cfg: BaselineSettings, models: ModelsSettings, rt: RuntimeSettings,
+              embed: EmbedFactory | None = None, contradict: ContradictFactory | None = None) -> DataFrame:
     """`chains` -> long score rows (`_OUT` + computed_at; `split` parts them). Factories run inside the workers
     (models load once per worker)."""
-    cfg = settings.baselines
     groups = list(cfg.groups)
-    embed = embed or (embed_factory(settings) if {"sa", "ss"} & set(groups) else None)
-    contradict = contradict or (contradict_factory(settings) if "li" in groups else None)
-    names = {"embedding": settings.models.embedding.path, "nli": settings.models.nli.path}
+    embed = embed or (embed_factory(cfg, models, rt) if {"sa", "ss"} & set(groups) else None)
+    contradict = contradict or (contradict_factory(models, rt) if "li" in groups else None)
+    names = {"embedding": models.embedding.path, "nli": models.nli.path}
     reference_based, per_step = cfg.reference_based, cfg.per_step
 
     def score(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -177,7 +177,7 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
         runtime.check_available(settings.models.nli.path, "nli")
     with tables.Held() as hold:
         # Held once: the chain and step rows are two filters of one scoring pass, so the models run once.
-        scored = split(hold(transform(chains, settings)))
+        scored = split(hold(transform(chains, settings.baselines, settings.models, settings.runtime)))
         chain_rows = scored.chains
         tables.upsert(spark, chain_rows, settings.table("baseline_scores"), B.SCHEMA, KEYS)
         counts = {"chains": chains.count(), "scores": chain_rows.count()}

@@ -25,8 +25,9 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs.infra import tables
-from jobs.infra.config import HumanLabelSettings, Settings, resolve_path
+from jobs.infra.config import Settings, resolve_path
 from jobs.infra.stage import Job, Stage
+from jobs.metaeval.settings import HumanLabelSettings
 from schemas import chains as C
 from schemas import step_labels as SL
 from schemas.chains import content_hash

@@ -28,9 +28,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, StructType
 
 from jobs.infra import tables
-from jobs.infra.config import LocaliseSettings, Settings
+from jobs.infra.config import Settings
 from jobs.infra.stage import Job, Stage
 from jobs.metaeval.meta_eval import melt
+from jobs.metaeval.settings import LocaliseSettings
 from schemas import chains as C
 from schemas import localisation as LO
 from schemas import metrics as MR
@@ -204,11 +205,12 @@ class Outcome:
 
 
 def transform(spark: SparkSession, step_scores: DataFrame, chains: DataFrame, step_labels: DataFrame,
-              settings: Settings, baselines: DataFrame | None = None, run_id: str | None = None) -> Outcome:
+              cfg: LocaliseSettings, scoring_hash: str, baselines: DataFrame | None = None,
+              run_id: str | None = None) -> Outcome:
     """Scores and labels -> `localisation`, `localisation_predictions` and `quarantine` rows; no table I/O.
+    The step scores of `cfg.config_hash`, else of `scoring_hash` (the current configuration's, Settings.scoring_hash).
     `baselines`: per-step scores in LONG_SCHEMA's form (a per-step ROSCOE table, when one exists)."""
-    cfg = settings.localise
-    config_hash = cfg.config_hash or settings.scoring_hash()
+    config_hash = cfg.config_hash or scoring_hash
     long = melt_step_scores(step_scores, cfg.metrics, config_hash)
     if baselines is not None:
         long = long.unionByName(baselines.select(*LONG_SCHEMA.fieldNames()))
@@ -310,7 +312,8 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> O
     step_scores = tables.read(spark, settings.table("step_scores"), SS.SCHEMA)
     chains = tables.read(spark, settings.table("chains"), C.SCHEMA)
     step_labels = tables.read(spark, settings.table("step_labels"), SL.SCHEMA)
-    out = transform(spark, step_scores, chains, step_labels, settings, read_baselines(spark, settings), run_id)
+    out = transform(spark, step_scores, chains, step_labels, settings.localise, settings.scoring_hash(),
+                    read_baselines(spark, settings), run_id)
     if out.evaluation.results:
         tables.upsert(spark, out.results, settings.table("localisation"), LO.SCHEMA, LO.KEYS)
         tables.upsert(spark, out.predictions, settings.table("localisation_predictions"), LO.PREDICTIONS_SCHEMA,

@@ -23,6 +23,7 @@ from jobs.infra import tables
 from jobs.infra.config import Settings
 from jobs.infra.progress import Progress
 from jobs.infra.stage import Job, Stage
+from jobs.metaeval.settings import MetaEvalSettings
 from schemas import baseline_scores as B
 from schemas import chain_scores as CS
 from schemas import chains as C
@@ -158,11 +159,13 @@ def driver_somers(
 
 
 def transform(spark: SparkSession, chain_scores: DataFrame, chains: DataFrame, baseline_scores: DataFrame | None,
-              settings: Settings, hold: tables.Held | None = None) -> DataFrame:
-    """Scores and labels -> `meta_eval` rows (schema order); no table reads or writes. With `hold`, the long
-    frame (read once per group size and once per method) is persisted until the holder releases it."""
-    cfg = settings.meta_eval
-    config_hash = cfg.config_hash or settings.scoring_hash()
+              cfg: MetaEvalSettings, scoring_hash: str, progress_seconds: float,
+              hold: tables.Held | None = None) -> DataFrame:
+    """Scores and labels -> `meta_eval` rows (schema order); no table reads or writes. The chain scores of
+    `cfg.config_hash`, else of `scoring_hash` (the current configuration's); a progress line at least every
+    `progress_seconds` (log.progress_seconds). With `hold`, the long frame (read once per group size and once
+    per method) is persisted until the holder releases it."""
+    config_hash = cfg.config_hash or scoring_hash
     scores = melt_chain_scores(chain_scores, cfg.metrics, config_hash)
     if baseline_scores is not None and cfg.include_baselines:
         scores = scores.unionByName(baseline_scores.select(B.CHAIN_ID, B.METRIC, B.SCORE))
@@ -175,7 +178,7 @@ def transform(spark: SparkSession, chain_scores: DataFrame, chains: DataFrame, b
     tagged = long.join(sizes, GROUP_KEYS)
     big = (F.col("_n") > cfg.spark_threshold) & (F.col("_ordinal") == 0)
     results = driver_somers(spark, tagged.where(~big), cfg.bootstrap_resamples, cfg.seed, cfg.ci_level,
-                            settings.log.progress_seconds)
+                            progress_seconds)
     results = results.unionByName(spark_auc(tagged.where(big), cfg.ci_level))
     out = results.withColumn(M.CONFIG_HASH, F.lit(config_hash)).withColumn(M.RUN_ID, F.lit(None).cast("string"))
     return tables.conform(out.withColumn(M.COMPUTED_AT, F.current_timestamp()), M.SCHEMA)
@@ -264,7 +267,8 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> l
     chains = tables.read(spark, settings.table("chains"), C.SCHEMA)
     baseline = tables.read(spark, settings.table("baseline_scores"), B.SCHEMA)
     with tables.Held() as hold:
-        result = transform(spark, chain_scores, chains, baseline, settings, hold).withColumn(M.RUN_ID, F.lit(run_id))
+        result = transform(spark, chain_scores, chains, baseline, settings.meta_eval, settings.scoring_hash(),
+                           settings.log.progress_seconds, hold).withColumn(M.RUN_ID, F.lit(run_id))
         result = hold(result)
         tables.upsert(spark, result, settings.table("meta_eval"), M.SCHEMA, KEYS)
         return [r.asDict() for r in result.collect()]

@@ -31,9 +31,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from jobs.infra import tables
-from jobs.infra.config import PerturbSettings, Settings, resolve_path
+from jobs.infra.config import Settings, resolve_path
 from jobs.infra.progress import Progress
 from jobs.infra.stage import Job, Stage
+from jobs.metaeval.settings import PerturbSettings
 from schemas import chains as C
 from udfs import entailment_bank as EB
 from udfs.entailment_bank import ProofStep

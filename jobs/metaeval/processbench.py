@@ -22,8 +22,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from jobs.infra import tables
-from jobs.infra.config import ProcessBenchSettings, Settings, resolve_path
+from jobs.infra.config import Settings, resolve_path
 from jobs.infra.stage import Job, Stage
+from jobs.metaeval.settings import ProcessBenchSettings
 from schemas import chains as C
 from schemas import quarantine as Q
 from schemas import step_labels as SL

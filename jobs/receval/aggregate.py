@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from jobs.infra import tables
 from jobs.infra.config import Settings
 from jobs.infra.stage import Job, Stage
+from jobs.receval.settings import AggregateSettings
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import metrics as MR
@@ -55,9 +56,9 @@ def api_k(gains: Column, k: int) -> Column:
     return F.when(F.exists(gains, lambda x: x.isNull()), F.lit(None).cast("boolean")).otherwise(every)
 
 
-def transform(step_scores: DataFrame, settings: Settings) -> DataFrame:
+def transform(step_scores: DataFrame, cfg: AggregateSettings) -> DataFrame:
     """`step_scores` rows -> `chain_scores` rows (schema order). Pure: no reads or writes."""
-    unknown = sorted(set(settings.aggregate.api_k) - set(CS.API_KS))
+    unknown = sorted(set(cfg.api_k) - set(CS.API_KS))
     if unknown:
         raise ValueError(f"aggregate.api_k: {unknown} have no column in chain_scores (allowed: {CS.API_KS})")
     api_metric = MR.api_metric()
@@ -75,7 +76,7 @@ def transform(step_scores: DataFrame, settings: Settings) -> DataFrame:
     if api_metric is not None:
         values = F.transform(F.col("_gains"), lambda s: s["g"])
         for k in CS.API_KS:
-            value = api_k(values, k) if k in settings.aggregate.api_k else F.lit(None).cast("boolean")
+            value = api_k(values, k) if k in cfg.api_k else F.lit(None).cast("boolean")
             out = out.withColumn(CS.api_col(k), value)
     return tables.conform(out, CS.schema())
 
@@ -109,7 +110,7 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
     """Aggregate every (chain, config hash) in `step_scores` into `chain_scores` (upsert: reruns are idempotent)."""
     steps = tables.read(spark, settings.table("step_scores"), SS.SCHEMA)
     with tables.Held() as hold:
-        chains = hold(transform(steps, settings))
+        chains = hold(transform(steps, settings.aggregate))
         counts = {
             "chains": chains.count(),
             "incomplete": chains.where(

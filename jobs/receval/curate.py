@@ -23,9 +23,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, StringType, StructField, StructType
 
 from jobs.infra import tables
-from jobs.infra.config import CurationSettings, Settings
+from jobs.infra.config import Settings
 from jobs.infra.stage import Job, Stage
 from jobs.infra.tracking import JobRun
+from jobs.receval.settings import CurationSettings
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import curation as CU

@@ -6,7 +6,7 @@ Mapping sources are `udfs.paths` paths; a fan-out (`outputs[*].text`) makes one 
 (its index in metadata `sample_idx`), so one row read may give several candidates. Counts reconcile:
 candidates = inserted + already present + quarantined, and candidates = read + fanned_out (the extra chains
 fan-out made; a row that fails as a whole is one quarantined candidate).
-Producer presets (`ingest.preset`, jobs/infra/ingest_presets.py) add per-file facts (`_file`), the joined
+Producer presets (`ingest.preset`, jobs/receval/ingest_presets.py) add per-file facts (`_file`), the joined
 batch input (`_input`) and chat turns (`_chat`) to each row before the mapping reads it.
 """
 
@@ -27,9 +27,16 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
 
 from jobs.infra import tables
-from jobs.infra.config import IngestSettings, Settings, resolve_path
-from jobs.infra.ingest_presets import METADATA_PREFIX, STEP_KEYS, batch_failure, chat_fields, split_reasoning
+from jobs.infra.config import Settings, resolve_path
 from jobs.infra.stage import Job, Stage
+from jobs.receval.ingest_presets import (
+    METADATA_PREFIX,
+    STEP_KEYS,
+    batch_failure,
+    chat_fields,
+    split_reasoning,
+)
+from jobs.receval.settings import IngestSettings
 from schemas import chains as C
 from schemas import quarantine as Q
 from udfs.paths import PathError, Source, compile_source

@@ -19,8 +19,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from jobs.infra import tables
-from jobs.infra.config import ModelRef, NliSettings, Settings
+from jobs.infra.config import ModelRef, RuntimeSettings, Settings
 from jobs.infra.stage import Job, Stage
+from jobs.receval.settings import NliSettings
 from schemas import step_scores as SS
 from schemas import steps as S
 from udfs import nli, runtime
@@ -181,9 +182,8 @@ def step_scores(premises: DataFrame, all_pairs: DataFrame, scored: DataFrame) ->
     )
 
 
-def predictor(settings: Settings) -> nli.PredictFactory:
-    """The configured NLI model as a worker-side factory (device, dtype, batch size from config)."""
-    ref, rt, cfg = settings.models.nli, settings.runtime, settings.nli
+def predictor(cfg: NliSettings, ref: ModelRef, rt: RuntimeSettings) -> nli.PredictFactory:
+    """The NLI model `ref` (models.nli) as a worker-side factory (device, dtype, batch size from config)."""
     return nli.model_predictor(
         ref.path,
         ref.revision,
@@ -209,28 +209,32 @@ class Plan:
 def plan(
     steps: DataFrame,
     contexts: DataFrame,
-    settings: Settings,
+    cfg: NliSettings,
+    model: ModelRef,
+    rt: RuntimeSettings,
     predict: nli.PredictFactory | None = None,
     accumulators: Sequence = (),
 ) -> Plan:
-    premises = step_premises(steps, contexts, settings.nli)
+    premises = step_premises(steps, contexts, cfg)
     all_pairs = pairs(premises)
-    udf = nli.nli_udf(predict or predictor(settings), settings.runtime.on_row_error, *accumulators)
-    scored = score_distinct(all_pairs, udf, settings.runtime.dedup)
+    udf = nli.nli_udf(predict or predictor(cfg, model, rt), rt.on_row_error, *accumulators)
+    scored = score_distinct(all_pairs, udf, rt.dedup)
     return Plan(premises, all_pairs, scored, step_scores(premises, all_pairs, scored))
 
 
 def transform(
     steps: DataFrame,
     contexts: DataFrame,
-    settings: Settings,
+    cfg: NliSettings,
+    model: ModelRef,
+    rt: RuntimeSettings,
     predict: nli.PredictFactory | None = None,
 ) -> DataFrame:
     """steps (schemas.steps.SCHEMA) + contexts (CONTEXTS_SCHEMA) -> OUTPUT_SCHEMA: NLI_SCHEMA + config_hash, error.
 
-    `predict` replaces the configured model by a factory returning `predict(premises, hypotheses)`.
+    `model` is models.nli; `predict` replaces it by a factory returning `predict(premises, hypotheses)`.
     """
-    return plan(steps, contexts, settings, predict).result
+    return plan(steps, contexts, cfg, model, rt, predict).result
 
 
 def model_revision(ref: ModelRef, resolved: str) -> str | None:
@@ -273,7 +277,7 @@ def run(
     )
     # Counts what the model was actually given (a recomputed partition would count twice: visible here).
     sent = spark.sparkContext.accumulator(0)
-    p = plan(steps, contexts, settings, predict, (sent,))
+    p = plan(steps, contexts, settings.nli, ref, settings.runtime, predict, (sent,))
     # The model runs once: the distinct scored pairs are cached and both counts and scores read them.
     with tables.Held() as hold:
         scored = hold(p.scored)

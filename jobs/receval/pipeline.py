@@ -56,11 +56,11 @@ ALL_TABLES = ["chains", "quarantine", "input_files", *HASHED_TABLES]
 
 # -- the stage functions (tests inject fakes in their place) ----------------------------------------------
 def _steps(chains: DataFrame, settings: Settings) -> tuple[DataFrame, DataFrame, DataFrame]:
-    return steps_job.transform(chains, settings)
+    return steps_job.transform(chains, settings.steps, settings.models, settings.runtime, settings.scoring_hash())
 
 
 def _aggregate(step_scores: DataFrame, settings: Settings) -> DataFrame:
-    return aggregate.transform(step_scores, settings)
+    return aggregate.transform(step_scores, settings.aggregate)
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,8 @@ def _steps_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
     with tables.Held() as hold:
         if ctx.transforms.steps is _steps:
             # The three outputs share one spaCy pass.
-            steps, contexts, bad = steps_job.transform(chains, ctx.settings, hold)
+            s = ctx.settings
+            steps, contexts, bad = steps_job.transform(chains, s.steps, s.models, s.runtime, ctx.config_hash, hold)
         else:
             steps, contexts, bad = ctx.transforms.steps(chains, ctx.settings)
             steps, contexts = hold(steps), hold(contexts)

@@ -32,8 +32,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
 from jobs.infra import tables
-from jobs.infra.config import ModelRef, Settings
+from jobs.infra.config import ModelRef, ModelsSettings, RuntimeSettings, Settings
 from jobs.infra.stage import Job, Stage
+from jobs.receval.settings import PviSettings
 from schemas import step_scores as SS
 from schemas import steps as ST
 from udfs import loglik
@@ -91,20 +92,20 @@ def _requests_fn(family: str, history: str | int, empty_premises: str = "empty_j
     return build
 
 
-def requests(steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:
+def requests(steps: DataFrame, contexts: DataFrame, cfg: PviSettings, models: ModelsSettings) -> DataFrame:
     """One row per (step, kind) with the model role and the exact source/target strings."""
     joined = steps.select(
         ST.CHAIN_ID, ST.CONFIG_HASH, ST.STEP_IDX, ST.STEP_TEXT, ST.PREMISE_RCUS, ST.CONCLUSION_RCU
     ).join(contexts.select(ST.CHAIN_ID, ST.CONFIG_HASH, ST.ANSWER), [ST.CHAIN_ID, ST.CONFIG_HASH], "left")
-    build = _requests_fn(info_gain_family(settings), settings.pvi.intra_history, settings.pvi.empty_premises)
+    build = _requests_fn(info_gain_family(cfg, models), cfg.intra_history, cfg.empty_premises)
     return joined.groupBy(ST.CHAIN_ID, ST.CONFIG_HASH).applyInPandas(build, _REQUESTS)
 
 
-def info_gain_family(settings: Settings) -> str:
-    family = settings.pvi.info_gain_family
-    if settings.models.info_gain.family != family:
+def info_gain_family(cfg: PviSettings, models: ModelsSettings) -> str:
+    family = cfg.info_gain_family
+    if models.info_gain.family != family:
         raise ValueError(
-            f"pvi.info_gain_family={family!r} but models.info_gain.family={settings.models.info_gain.family!r}: "
+            f"pvi.info_gain_family={family!r} but models.info_gain.family={models.info_gain.family!r}: "
             "set both to the same family"
         )
     return family
@@ -118,16 +119,17 @@ def _bound(scorer: Scorer, role: str) -> loglik.TargetScoreFn:
     return functools.partial(scorer, role)
 
 
-def _factories(settings: Settings, scorer: Scorer | None) -> dict[str, Callable[[], loglik.TargetScoreFn]]:
-    refs = {"pvi_g": settings.models.pvi_g, "pvi_null": settings.models.pvi_null, "info_gain": settings.models.info_gain}
+def _factories(cfg: PviSettings, models: ModelsSettings, rt: RuntimeSettings,
+               scorer: Scorer | None) -> dict[str, Callable[[], loglik.TargetScoreFn]]:
+    refs = {"pvi_g": models.pvi_g, "pvi_null": models.pvi_null, "info_gain": models.info_gain}
     if scorer is not None:
         return {role: functools.partial(_bound, scorer, role) for role in refs}
-    rt = settings.runtime
-    batch_size = settings.pvi.batch_size or rt.batch_size
+    batch_size = cfg.batch_size or rt.batch_size
     # None: each model's own position limit, read from its config on the worker (runtime.max_length is the
     # NLI cap and not the LMs': GPT-2 takes 1,024 positions, and a 512 cut left-truncated long chains' L(k)).
-    max_length = settings.pvi.max_length
-    families = {"pvi_g": refs["pvi_g"].family, "pvi_null": refs["pvi_null"].family, "info_gain": info_gain_family(settings)}
+    max_length = cfg.max_length
+    families = {"pvi_g": refs["pvi_g"].family, "pvi_null": refs["pvi_null"].family,
+                "info_gain": info_gain_family(cfg, models)}
     return {
         role: loglik.model_scorer_factory(
             ref.path, families[role], rt.device, rt.dtype, ref.revision, batch_size, max_length,
@@ -145,13 +147,14 @@ def _parallelism(df: DataFrame) -> int:
         return int(df.sparkSession.conf.get("spark.sql.shuffle.partitions", "8"))
 
 
-def transform(steps: DataFrame, contexts: DataFrame, settings: Settings, scorer: Scorer | None = None) -> DataFrame:
+def transform(steps: DataFrame, contexts: DataFrame, cfg: PviSettings, models: ModelsSettings, rt: RuntimeSettings,
+              scorer: Scorer | None = None) -> DataFrame:
     """(steps, contexts) -> one row per step: keys, PVI_SCHEMA scores, model ids, `pvi_truncated`, `error`. Pure.
 
     `scorer` replaces the LMs (tests). With runtime.on_row_error == "fail" a scoring error fails the job; with
     "quarantine" it lands in `error` and the step's scores are null.
     """
-    reqs = requests(steps, contexts, settings)
+    reqs = requests(steps, contexts, cfg, models)
     # runtime.dedup=False scores every request (2n L(k) passes, g' per step): the join below then meets copies,
     # which the max in `pick` absorbs, so the scores are the same.
     # A distinct pass keeps the first chain that asked for it: partitioned and sorted by that chain, a chain's
@@ -160,12 +163,12 @@ def transform(steps: DataFrame, contexts: DataFrame, settings: Settings, scorer:
     # one task: the model work must spread over every core. Chains differ in cost and hashing them is uneven,
     # so each core gets several partitions, which evens out the load.
     pairs = reqs.select("role", "source", "target", F.col(ST.CHAIN_ID).alias("_chain"))
-    if settings.runtime.dedup:
+    if rt.dedup:
         pairs = pairs.groupBy("role", "source", "target").agg(F.min("_chain").alias("_chain"))
     pairs = pairs.repartition(4 * _parallelism(steps), "_chain").sortWithinPartitions("_chain")
-    on_error = settings.runtime.on_row_error
+    on_error = rt.on_row_error
     scored = None
-    for role, factory in _factories(settings, scorer).items():
+    for role, factory in _factories(cfg, models, rt, scorer).items():
         udf = loglik.loglik_udf(factory, on_error)
         part = pairs.where(F.col("role") == role).withColumn("s", udf("source", "target")).drop("_chain")
         scored = part if scored is None else scored.unionByName(part)
@@ -184,7 +187,6 @@ def transform(steps: DataFrame, contexts: DataFrame, settings: Settings, scorer:
         F.max(F.coalesce(F.col("s.truncated"), F.lit(False))).alias(TRUNCATED),
         errors.alias("_errors"),
     )
-    models = settings.models
     return per_step.select(
         ST.CHAIN_ID,
         ST.STEP_IDX,
@@ -251,7 +253,7 @@ def check_models(settings: Settings) -> None:
     """On the driver, before any table is touched: every PVI model is reachable (and trained where required)."""
     from udfs import runtime
 
-    info_gain_family(settings)
+    info_gain_family(settings.pvi, settings.models)
     check_trained(settings)
     for role in ("pvi_g", "pvi_null", "info_gain"):
         runtime.check_available(getattr(settings.models, role).path, role)
@@ -279,7 +281,7 @@ def run(spark: SparkSession, settings: Settings, job=None, scorer: Scorer | None
     steps = _to_score(tables.read(spark, settings.table("steps"), ST.SCHEMA), spark, settings)
     contexts = tables.read(spark, settings.table("contexts"), ST.CONTEXTS_SCHEMA)
     started = time.time()
-    scored = transform(steps, contexts, settings, scorer).persist()
+    scored = transform(steps, contexts, settings.pvi, settings.models, settings.runtime, scorer).persist()
     try:
         n_in = steps.count()
         tally = scored.agg(

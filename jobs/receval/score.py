@@ -28,12 +28,12 @@ ScoreFn = Callable[[DataFrame, DataFrame, Settings], DataFrame]
 
 def _nli(steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:
     from jobs.receval import nli_scores
-    return nli_scores.transform(steps, contexts, settings)
+    return nli_scores.transform(steps, contexts, settings.nli, settings.models.nli, settings.runtime)
 
 
 def _pvi(steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:
     from jobs.receval import pvi_scores
-    return pvi_scores.transform(steps, contexts, settings)
+    return pvi_scores.transform(steps, contexts, settings.pvi, settings.models, settings.runtime)
 
 
 def nli_revision(settings: Settings) -> str | None:

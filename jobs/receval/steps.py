@@ -29,9 +29,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, StringType, StructField, StructType
 
 from jobs.infra import tables
-from jobs.infra.config import Settings
+from jobs.infra.config import ModelsSettings, RuntimeSettings, Settings
 from jobs.infra.progress import counted
 from jobs.infra.stage import Job, Stage
+from jobs.receval.settings import StepsSettings
 from schemas import chains as C
 from schemas import steps as S
 from udfs import rcu, rcu_clauses
@@ -89,18 +90,21 @@ class Options:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Options:
-        st = settings.steps
+        return cls.of(settings.steps, settings.models, settings.runtime)
+
+    @classmethod
+    def of(cls, st: StepsSettings, models: ModelsSettings, rt: RuntimeSettings) -> Options:
         if st.extractor == "srl" and not st.srl_model:
             raise ValueError("steps.extractor=srl needs steps.srl_model (a token-classification model path)")
         return cls(
             st.boundary,
             st.roles,
             st.extractor,
-            settings.models.spacy,
+            models.spacy,
             st.srl_model,
-            settings.runtime.device,
+            rt.device,
             st.batch_size,
-            settings.runtime.max_length,
+            rt.max_length,
             tuple(st.answer_indicators),
             st.strip_calculator,
         )
@@ -280,9 +284,8 @@ def _records(pdf: pd.DataFrame) -> list[dict[str, Any]]:
     return recs
 
 
-def extract(chains: DataFrame, settings: Settings) -> DataFrame:
+def extract(chains: DataFrame, opts: Options) -> DataFrame:
     """chains -> one EXTRACTED row per chain (steps as an array), via a pandas UDF (mapInPandas)."""
-    opts = Options.from_settings(settings)
     cols = [F.col(c) if c in chains.columns else F.lit(None).cast(C.SCHEMA[c].dataType).alias(c) for c in _INPUT]
     df = chains.select(*cols)
     spark = chains.sparkSession
@@ -304,10 +307,9 @@ def extract(chains: DataFrame, settings: Settings) -> DataFrame:
     return out.withColumn("steps", F.from_json("steps", ArrayType(_STEP)))
 
 
-def split(extracted: DataFrame, settings: Settings) -> tuple[DataFrame, DataFrame, DataFrame]:
-    """EXTRACTED rows -> (steps, contexts, quarantine rows)."""
-    opts = Options.from_settings(settings)
-    config_hash = F.lit(settings.scoring_hash())
+def split(extracted: DataFrame, opts: Options, scoring_hash: str) -> tuple[DataFrame, DataFrame, DataFrame]:
+    """EXTRACTED rows -> (steps, contexts, quarantine rows), keyed by `scoring_hash` (Settings.scoring_hash)."""
+    config_hash = F.lit(scoring_hash)
     good = extracted.where(F.col("error").isNull())
     steps = good.select(
         C.CHAIN_ID, F.size("steps").alias(S.N_STEPS), F.posexplode("steps").alias(S.STEP_IDX, "s")
@@ -334,16 +336,19 @@ def split(extracted: DataFrame, settings: Settings) -> tuple[DataFrame, DataFram
 
 
 def transform(
-    chains: DataFrame, settings: Settings, hold: tables.Held | None = None
+    chains: DataFrame, cfg: StepsSettings, models: ModelsSettings, rt: RuntimeSettings, scoring_hash: str,
+    hold: tables.Held | None = None,
 ) -> tuple[DataFrame, DataFrame, DataFrame]:
-    """chains -> (steps, contexts, quarantine rows). Pure: no table reads or writes.
+    """chains -> (steps, contexts, quarantine rows) under `scoring_hash` (Settings.scoring_hash). Pure: no table
+    reads or writes.
 
     With `hold`, the per-chain extraction is persisted (lazily, released by the holder) so the three outputs
     share one spaCy pass; without, each output reads the chains again.
     """
-    extracted = extract(chains, settings)
+    opts = Options.of(cfg, models, rt)
+    extracted = extract(chains, opts)
     # Counted as it is extracted: the pipeline's progress moves per finished partition.
-    return split(hold(counted(extracted)) if hold is not None else extracted, settings)
+    return split(hold(counted(extracted)) if hold is not None else extracted, opts, scoring_hash)
 
 
 def run(spark: SparkSession, settings: Settings, chains: DataFrame | None = None, run_id: str | None = None) -> dict[str, int]:
@@ -359,8 +364,9 @@ def run(spark: SparkSession, settings: Settings, chains: DataFrame | None = None
     )
     todo = chains.join(done, C.CHAIN_ID, "left_anti")
     with tables.Held() as hold:
-        extracted = hold(counted(extract(todo, settings)))
-        steps, contexts, quarantined = split(extracted, settings)
+        opts = Options.from_settings(settings)
+        extracted = hold(counted(extract(todo, opts)))
+        steps, contexts, quarantined = split(extracted, opts, config_hash)
         if run_id is not None:
             quarantined = quarantined.withColumn("run_id", F.lit(run_id))
         summary = extracted.agg(

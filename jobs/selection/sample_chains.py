@@ -33,8 +33,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.infra import tables
-from jobs.infra.config import SampleSettings, Settings, resolve_path
+from jobs.infra.config import RuntimeSettings, Settings, resolve_path
 from jobs.infra.stage import Job, Stage
+from jobs.selection.settings import SampleSettings
 from schemas import chains as C
 from udfs import sampling
 
@@ -104,13 +105,12 @@ def choose(questions: list[dict[str, Any]], cfg: SampleSettings) -> list[dict[st
     return [questions[i] for i in picked]
 
 
-def transform(questions: DataFrame, settings: Settings, draw: Any = None,
+def transform(questions: DataFrame, cfg: SampleSettings, rt: RuntimeSettings, draw: Any = None,
               hold: tables.Held | None = None) -> tuple[DataFrame, DataFrame]:
     """Question rows -> (chain rows in the ingest input shape, failed rows with _reason/_detail/_chain_id).
 
     `draw`: the UDF prompt -> struct(chains, error); None builds the configured model's (tests pass fakes).
     With `hold`, the generations are persisted: both outputs read them, and the model must run once."""
-    cfg, rt = settings.sample, settings.runtime
     if draw is None:
         factory = sampling.model_draw_factory(
             cfg.model.path, cfg.model.family, rt.device, rt.dtype, cfg.model.revision, rt.torch_threads,
@@ -182,7 +182,7 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None, draw
         # imports torch and loads the model, which costs more than a handful of questions' generation.
         parts = max(1, min(math.ceil(len(chosen) / settings.runtime.batch_size), spark.sparkContext.defaultParallelism))
         questions = spark.createDataFrame(chosen, QUESTION_FIELDS).repartition(parts)
-        rows, failed = transform(questions, settings, draw, hold)
+        rows, failed = transform(questions, cfg, settings.runtime, draw, hold)
         _check_replaceable(out)
         shutil.rmtree(out, ignore_errors=True)  # a rerun replaces the whole sample, never mixes two
         rows.orderBy(C.QUESTION_ID, C.CHAIN_ID).coalesce(1).write.mode("overwrite").json(out)

@@ -22,8 +22,9 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from jobs.infra import tables
-from jobs.infra.config import SelectSettings, Settings
+from jobs.infra.config import Settings
 from jobs.infra.stage import Job, Stage
+from jobs.selection.settings import SelectSettings
 from schemas import chain_scores as CS
 from schemas import chains as C
 

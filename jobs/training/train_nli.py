@@ -36,9 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from jobs.infra.config import NLI_LABELS, NliSourceSettings, Settings, TrainNliSettings, resolve_path
+from jobs.infra.config import Settings, resolve_path
 from jobs.infra.progress import Progress
 from jobs.infra.stage import Job, Stage
+from jobs.training.settings import NLI_LABELS, NliSourceSettings, TrainNliSettings
 
 log = logging.getLogger(__spec__.name)
 

@@ -30,9 +30,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jobs.infra.config import Settings, TrainPviSettings, resolve_path
+from jobs.infra.config import Settings, resolve_path
 from jobs.infra.progress import Progress
 from jobs.infra.stage import Job, Stage
+from jobs.training.settings import TrainPviSettings
 from udfs import pvi_prompts as P
 
 log = logging.getLogger(__spec__.name)

@@ -65,7 +65,7 @@ STEPS = [
 
 
 def test_transform_hand_computed(spark, settings):
-    got = aggregate.transform(frame(spark, STEPS), settings)
+    got = aggregate.transform(frame(spark, STEPS), settings.aggregate)
     want = [
         # a: gains [0.5, -0.25, 0.125]; windows k=2: 0.25, -0.125 -> False; k=3: 0.375 -> True.
         expected("a", 3, {E: 0.2, P: -1.0, X: 0.25, G: -0.25}, {E: 1, P: 2, X: 1, G: 1},
@@ -90,17 +90,17 @@ def test_transform_hand_computed(spark, settings):
 
 def test_transform_partition_invariant(spark, settings):
     df = frame(spark, STEPS)
-    one = aggregate.transform(df.coalesce(1), settings)
-    many = aggregate.transform(df.repartition(5), settings)
+    one = aggregate.transform(df.coalesce(1), settings.aggregate)
+    many = aggregate.transform(df.repartition(5), settings.aggregate)
     assertDataFrameEqual(one, many, **EXACT_FRAME)
 
 
 def test_transform_api_k_subset(spark, make_settings):
-    got = aggregate.transform(frame(spark, STEPS), make_settings("aggregate.api_k=[2]"))
+    got = aggregate.transform(frame(spark, STEPS), make_settings("aggregate.api_k=[2]").aggregate)
     row = got.where("chain_id = 'd'").first()
     assert (row[CS.api_col(1)], row[CS.api_col(2)], row[CS.api_col(3)]) == (None, True, None)
     with pytest.raises(ValueError, match="api_k"):
-        aggregate.transform(frame(spark, STEPS), make_settings("aggregate.api_k=[4]"))
+        aggregate.transform(frame(spark, STEPS), make_settings("aggregate.api_k=[4]").aggregate)
 
 
 def test_run_idempotent_upsert(spark, settings):

@@ -83,7 +83,8 @@ def test_transform_matches_score_batch(spark, make_settings):
     rows = [Row(**{f.name: c.get(f.name) for f in C.SCHEMA.fields} | {C.CONTENT_HASH: c[C.CHAIN_ID]})
             for c in CHAINS]
     chains = spark.createDataFrame(rows, C.SCHEMA).repartition(2)
-    scored = BL.split(BL.transform(chains, settings, embed=FakeEmbedder, contradict=lambda: fake_contradict))
+    scored = BL.split(BL.transform(chains, settings.baselines, settings.models, settings.runtime, embed=FakeEmbedder,
+                                   contradict=lambda: fake_contradict))
     got, got_steps = scored.chains, scored.steps
     pdf = pd.DataFrame([{k: c.get(k) for k in (C.CHAIN_ID, C.CONTEXT, C.STEPS, C.CHAIN_TEXT, C.GOLD_STEPS)}
                         for c in CHAINS])

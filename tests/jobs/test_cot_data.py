@@ -9,7 +9,8 @@ import pytest
 from jinja2.exceptions import SecurityError
 
 from jobs.cot import data as D
-from jobs.infra.config import PROJECT_ROOT, CotSettings, resolve_path
+from jobs.cot.settings import CotSettings
+from jobs.infra.config import PROJECT_ROOT, resolve_path
 from schemas import cot as S
 
 ROOT = resolve_path(CotSettings().data_root)

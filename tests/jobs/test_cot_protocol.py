@@ -11,7 +11,8 @@ from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
 from jobs.cot import evaluate as cot_eval
-from jobs.infra.config import LENIENT_COT, OFFICIAL_COT, CotSettings, load_settings
+from jobs.cot.settings import LENIENT_COT, OFFICIAL_COT, CotSettings
+from jobs.infra.config import load_settings
 from schemas import cot as S
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

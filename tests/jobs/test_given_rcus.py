@@ -15,9 +15,10 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 from tolerance import EXACT_FRAME
 
-from jobs.infra.config import PROJECT_ROOT, IngestSettings, Settings
+from jobs.infra.config import PROJECT_ROOT, Settings
 from jobs.receval import ingest, nli_scores
 from jobs.receval import steps as J
+from jobs.receval.settings import IngestSettings
 from schemas import chains as C
 from schemas import step_scores as SS
 from schemas import steps as S
@@ -138,9 +139,12 @@ def test_given_units_score_as_the_same_units_extracted(spark, settings):
     results = []
     for rec in recs:
         df = spark.createDataFrame([{c: rec.get(c) for c in C.SCHEMA.fieldNames()}], C.SCHEMA)
-        steps, contexts, quarantined = J.transform(df, settings)
+        steps, contexts, quarantined = J.transform(df, settings.steps, settings.models, settings.runtime,
+                                                   settings.scoring_hash())
         assert quarantined.count() == 0
-        results.append((steps, nli_scores.transform(steps, contexts, settings, predict=_fake_factory)))
+        scores = nli_scores.transform(steps, contexts, settings.nli, settings.models.nli, settings.runtime,
+                                      predict=_fake_factory)
+        results.append((steps, scores))
     (steps_e, scores_e), (steps_g, scores_g) = results
     assert {r[S.EXTRACTOR] for r in steps_e.collect()} == {f"clauses:{settings.models.spacy}"}
     assert {r[S.EXTRACTOR] for r in steps_g.collect()} == {"given"}
@@ -186,8 +190,8 @@ def test_chains_table_made_before_step_rcus_gains_the_column(spark, settings):
 @pytest.mark.dataset("entailment_bank")
 @pytest.mark.parametrize("kind", ["HALL", "SWAP", "REP", "REMOVE"])
 def test_perturbed_chains_carry_the_units_of_their_own_rendering(kind):
-    from jobs.infra.config import PerturbSettings
     from jobs.metaeval import perturb as P
+    from jobs.metaeval.settings import PerturbSettings
 
     cfg = PerturbSettings(gold_rcus=True)
     rows, task2, ids = (part[:12] for part in P.kept_rows(cfg))

@@ -8,9 +8,9 @@ import pytest
 from conftest import require_datasets
 
 from jobs.infra import tables
-from jobs.infra.config import HumanLabelSettings
 from jobs.metaeval import human_labels as H
 from jobs.metaeval import localise
+from jobs.metaeval.settings import HumanLabelSettings
 from schemas import chains as C
 from schemas import step_labels as SL
 

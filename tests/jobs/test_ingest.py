@@ -13,9 +13,9 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertSchemaEqual
 
 from jobs.infra import tables
-from jobs.infra.config import IngestSettings
 from jobs.receval import ingest
 from jobs.receval.ingest import RowError, validate
+from jobs.receval.settings import IngestSettings
 from schemas import chains as C
 from schemas import quarantine as Q
 from schemas.chains import content_hash

@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from jobs.infra.config import IngestSettings
-from jobs.infra.ingest_presets import split_reasoning
 from jobs.receval import ingest
+from jobs.receval.ingest_presets import split_reasoning
+from jobs.receval.settings import IngestSettings
 from schemas import chains as C
 from schemas import quarantine as Q
 from tests.conftest import folder_settings

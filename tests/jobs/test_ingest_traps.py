@@ -19,16 +19,10 @@ from pyspark.sql.types import StructType
 from pyspark.testing import assertDataFrameEqual
 
 from jobs.infra import tables
-from jobs.infra.config import (
-    ConfigError,
-    IngestSettings,
-    Settings,
-    describe,
-    load_settings,
-    load_settings_with_sources,
-)
+from jobs.infra.config import ConfigError, Settings, describe, load_settings, load_settings_with_sources
 from jobs.receval import export, ingest, pipeline
 from jobs.receval.ingest import RowError, validate
+from jobs.receval.settings import IngestSettings
 from schemas import chains as C
 from schemas import pipeline as P
 from schemas import quarantine as Q

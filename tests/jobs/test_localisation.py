@@ -12,8 +12,8 @@ from conftest import folder_settings, job_args
 from tolerance import exact
 
 from jobs.infra import tables
-from jobs.infra.config import LocaliseSettings
 from jobs.metaeval import localise
+from jobs.metaeval.settings import LocaliseSettings
 from schemas import chains as C
 from schemas import localisation as LO
 from schemas import quarantine as Q

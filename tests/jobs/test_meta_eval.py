@@ -16,6 +16,11 @@ from udfs import somers
 LONG = "dataset string, label string, metric string, chain_id string, label_value double, score double"
 
 
+def _transform(spark, scores, chains, baseline, settings):
+    return ME.transform(spark, scores, chains, baseline, settings.meta_eval, settings.scoring_hash(),
+                        settings.log.progress_seconds)
+
+
 def _long_rows(seed: int = 0) -> list[tuple]:
     rng = np.random.default_rng(seed)
     rows = [("toy", "HALL", "hand", f"c{i}", float(y), float(s))
@@ -81,7 +86,7 @@ def test_transform_hand_computed(spark, make_settings):
                              "meta_eval.bootstrap_resamples=50")
     chains, scores, baseline = _frames(spark, "h1")
     got = {(r[M.DATASET], r[M.LABEL], r[M.METRIC]): r
-           for r in ME.transform(spark, scores, chains, baseline, settings).collect()}
+           for r in _transform(spark, scores, chains, baseline, settings).collect()}
     assert set(got) == {
         ("eb_HALL", "HALL", "intra_entail_min"), ("eb_HALL", "HALL", "api_1"), ("eb_HALL", "HALL", "rouge2"),
         ("gsm", "QUAL", "intra_entail_min"), ("gsm", "QUAL", "api_1"),
@@ -106,8 +111,8 @@ def test_transform_driver_and_spark_paths_agree(spark, make_settings):
     chains, scores, baseline = _frames(spark, "h1")
     common = ["meta_eval.config_hash=h1", "meta_eval.metrics=[intra_entail_min,api_1]",
               "meta_eval.bootstrap_resamples=20"]
-    small = ME.transform(spark, scores, chains, baseline, make_settings(*common)).collect()
-    big = ME.transform(spark, scores, chains, baseline, make_settings(*common, "meta_eval.spark_threshold=0"))
+    small = _transform(spark, scores, chains, baseline, make_settings(*common)).collect()
+    big = _transform(spark, scores, chains, baseline, make_settings(*common, "meta_eval.spark_threshold=0"))
     big = {(r[M.DATASET], r[M.LABEL], r[M.METRIC]): r for r in big.collect()}
     for r in small:
         other = big[(r[M.DATASET], r[M.LABEL], r[M.METRIC])]
@@ -119,7 +124,7 @@ def test_transform_driver_and_spark_paths_agree(spark, make_settings):
 def test_reports_render(spark, make_settings):
     chains, scores, baseline = _frames(spark, "h1")
     settings = make_settings("meta_eval.config_hash=h1", "meta_eval.bootstrap_resamples=20")
-    rows = [r.asDict() for r in ME.transform(spark, scores, chains, baseline, settings).collect()]
+    rows = [r.asDict() for r in _transform(spark, scores, chains, baseline, settings).collect()]
     table = ME.markdown_table(rows)
     assert "### eb_HALL" in table and "| intra_entail_min | 0.75 [" in table
     assert "HALL (n=4, err=2)" in table

@@ -15,7 +15,8 @@ from pyspark.testing import assertDataFrameEqual, assertSchemaEqual
 from tolerance import EXACT_ABS, EXACT_REL, exact, prob_approx
 
 from jobs.infra import tables
-from jobs.infra.config import PROJECT_ROOT, SMALL_NLI, PerturbSettings, Settings, resolve_path, small_built
+from jobs.infra.config import PROJECT_ROOT, SMALL_NLI, Settings, resolve_path, small_built
+from jobs.metaeval.settings import PerturbSettings
 from jobs.receval import nli_scores
 from schemas import quarantine as Q
 from schemas import step_scores as SS
@@ -121,7 +122,8 @@ def _sorted(df: DataFrame) -> list:
 def test_transform_exact_values_per_history_option(spark, make_settings, intra_history, inter_history):
     settings = make_settings(f"nli.intra_history={intra_history}", f"nli.inter_history={inter_history}")
     steps, contexts = frames(spark, CHAINS, "h")
-    result = nli_scores.transform(steps, contexts, settings, predict=_fake_factory)
+    result = nli_scores.transform(steps, contexts, settings.nli, settings.models.nli, settings.runtime,
+                                  predict=_fake_factory)
     assertSchemaEqual(result.schema, nli_scores.OUTPUT_SCHEMA)
     rows = _sorted(result)  # one Spark job: the machine is shared
     expected = [Row(**dict(zip(nli_scores.OUTPUT_SCHEMA.names, r, strict=True))) for r in reference(CHAINS, intra_history, inter_history)]
@@ -165,7 +167,9 @@ TWINS = [
 def test_transform_sends_each_distinct_pair_once(spark, make_settings, tmp_path):
     log = tmp_path / "pairs.tsv"
     steps, contexts = frames(spark, TWINS, "h")
-    result = nli_scores.transform(steps, contexts, make_settings(), predict=logging_fake(log))
+    settings = make_settings()
+    result = nli_scores.transform(steps, contexts, settings.nli, settings.models.nli, settings.runtime,
+                                  predict=logging_fake(log))
     rows = result.collect()
     sent = log.read_text(encoding="utf-8").splitlines()
     # Per chain: step 0 = 1 intra + 3 context pairs, step 1 = 1 intra + 3 context + 1 earlier: 18 pairs.
@@ -284,7 +288,8 @@ def test_transform_nli_model_invariant_to_batch_size_and_partitions(spark, make_
         for batch, parts in [(1, 1), (7, 3), (64, 1), (64, 3)]:
             spark.conf.set("spark.sql.shuffle.partitions", str(parts))
             settings = make_settings(f"models.nli.path={path}", f"nli.batch_size={batch}", "nli.max_length=48")
-            out = nli_scores.transform(steps.repartition(parts), contexts.repartition(parts), settings)
+            out = nli_scores.transform(steps.repartition(parts), contexts.repartition(parts), settings.nli,
+                                       settings.models.nli, settings.runtime)
             results[(batch, parts)] = _sorted(out)
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", before)

@@ -6,8 +6,9 @@ import pytest
 from conftest import require_datasets
 
 from jobs.infra import tables
-from jobs.infra.config import PerturbSettings, resolve_path
+from jobs.infra.config import resolve_path
 from jobs.metaeval import perturb as P
+from jobs.metaeval.settings import PerturbSettings
 from schemas import chains as C
 from udfs import entailment_bank as EB
 

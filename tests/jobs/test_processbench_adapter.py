@@ -12,9 +12,9 @@ import pytest
 from conftest import folder_settings, job_args, require_datasets
 
 from jobs.infra import tables
-from jobs.infra.config import ProcessBenchSettings
 from jobs.metaeval import localise
 from jobs.metaeval import processbench as job
+from jobs.metaeval.settings import ProcessBenchSettings
 from schemas import chains as C
 from schemas import quarantine as Q
 from schemas import step_labels as SL

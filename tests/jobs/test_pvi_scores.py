@@ -20,6 +20,14 @@ from udfs import pvi_prompts as PP
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+def _transform(steps, contexts, settings, scorer=None):
+    return P.transform(steps, contexts, settings.pvi, settings.models, settings.runtime, scorer)
+
+
+def _requests(steps, contexts, settings):
+    return P.requests(steps, contexts, settings.pvi, settings.models)
+
+
 def fake_lm(role: str, sources, targets):
     """meanlogp is a known function of the strings: g -len(source)/100, g' -len(target)/10, L -len(source)/10."""
     out = []
@@ -108,7 +116,7 @@ def test_g_source_without_premises_is_the_official_empty_join_and_none_is_an_opt
 def test_requests_send_the_configured_empty_premise_source(spark, make_settings):
     # The default (empty_join) reaches the scores in test_transform_hand_computed_scores; here the option does.
     steps_df, ctx = frames(spark, CHAIN, {"c1": None})
-    reqs = P.requests(steps_df, ctx, make_settings("pvi.empty_premises=none")).where("kind = 'g'").collect()
+    reqs = _requests(steps_df, ctx, make_settings("pvi.empty_premises=none")).where("kind = 'g'").collect()
     assert sorted(r.source for r in reqs) == [PP.NULL_SOURCE, "Generate entailed sentence: it is warm & cats purr ->"]
     assert make_settings().scoring_hash() != make_settings("pvi.empty_premises=none").scoring_hash()
 
@@ -117,7 +125,7 @@ def test_transform_hand_computed_scores(spark, make_settings):
     settings = make_settings()
     steps_df, ctx = frames(spark, [*CHAIN, step("c2", 0, 1, "Dogs bark.", ["dogs"], "dogs bark")],
                            {"c1": "yes", "c2": None})
-    got = {(r.chain_id, r.step_idx): r for r in P.transform(steps_df, ctx, settings, fake_lm).collect()}
+    got = {(r.chain_id, r.step_idx): r for r in _transform(steps_df, ctx, settings, fake_lm).collect()}
     assert len(got) == 3
     a, b, c = got[("c1", 0)], got[("c1", 1)], got[("c2", 0)]
     # The fake LM's scores are exact rationals; the job's arithmetic on them is float64.
@@ -142,7 +150,7 @@ def test_transform_n_plus_one_info_gain_passes_and_one_null_pass_per_conclusion(
     steps = [step("c5", i, n, f"Step number {i}.", [f"p{i}"], conclusions[i]) for i in range(n)]
     steps_df, ctx = frames(spark, steps, {"c5": "42"})
     log = tmp_path / "calls.tsv"
-    rows = P.transform(steps_df, ctx, make_settings(), RecordingLM(log)).collect()
+    rows = _transform(steps_df, ctx, make_settings(), RecordingLM(log)).collect()
     assert len(rows) == n
     calls = [line.split("\t") for line in log.read_text().splitlines()]
     ig = [c for c in calls if c[0] == "info_gain"]
@@ -161,7 +169,7 @@ def test_transform_gives_the_scorer_each_chains_info_gain_passes_together(spark,
     steps = [step(c, i, n, f"Chain {c} step {i}.", [], f"{c} {i}") for c, n in chains.items() for i in range(n)]
     steps_df, ctx = frames(spark, steps, {c: "same answer" for c in chains})  # L(0) is shared by all chains
     log = tmp_path / "calls.tsv"
-    rows = P.transform(steps_df.repartition(3), ctx, make_settings("spark.shuffle_partitions=3"), RecordingLM(log))
+    rows = _transform(steps_df.repartition(3), ctx, make_settings("spark.shuffle_partitions=3"), RecordingLM(log))
     assert rows.where("error is null").count() == len(steps)
     calls = [line.split("\t") for line in log.read_text().splitlines()]
     ig = [c for c in calls if c[0] == "info_gain"]
@@ -173,7 +181,7 @@ def test_transform_gives_the_scorer_each_chains_info_gain_passes_together(spark,
 
 def test_transform_quarantine_mode_marks_failing_step(spark, make_settings):
     steps_df, ctx = frames(spark, [*CHAIN, step("c3", 0, 1, "A boom.", [], "boom")], {"c1": "yes", "c3": "no"})
-    rows = {(r.chain_id, r.step_idx): r for r in P.transform(steps_df, ctx, make_settings(), fake_lm).collect()}
+    rows = {(r.chain_id, r.step_idx): r for r in _transform(steps_df, ctx, make_settings(), fake_lm).collect()}
     assert rows[("c1", 0)].error is None and rows[("c1", 1)].intra_pvi == exact(0.97)
     bad = rows[("c3", 0)]
     assert "boom in the input" in bad.error and bad.intra_pvi is None
@@ -182,7 +190,7 @@ def test_transform_quarantine_mode_marks_failing_step(spark, make_settings):
 def test_transform_fail_mode_raises(spark, make_settings):
     steps_df, ctx = frames(spark, [step("c3", 0, 1, "A boom.", [], "boom")], {"c3": "no"})
     with pytest.raises(Exception, match="boom in the input"):
-        P.transform(steps_df, ctx, make_settings("runtime.on_row_error=fail"), fake_lm).collect()
+        _transform(steps_df, ctx, make_settings("runtime.on_row_error=fail"), fake_lm).collect()
 
 
 @pytest.mark.slow
@@ -224,7 +232,7 @@ def real_scores(spark, tiny_models, tmp_path_factory) -> dict[tuple[str, int], o
     assert settings.runtime.max_length == 512  # the NLI cap; it must not cut the LMs' inputs
     long_steps, answers = long_chain_rows()
     steps_df, ctx = frames(spark, [*CHAIN, *long_steps], {"c1": "yes", **answers})
-    return {(r.chain_id, r.step_idx): r for r in P.transform(steps_df, ctx, settings).collect()}
+    return {(r.chain_id, r.step_idx): r for r in _transform(steps_df, ctx, settings).collect()}
 
 
 def test_transform_real_tiny_models_match_direct_scores(real_scores, tiny_models):

@@ -150,9 +150,13 @@ def _records(n_eb: int = 4) -> list[dict]:
     return recs
 
 
+def _transform(chains, settings):
+    return J.transform(chains, settings.steps, settings.models, settings.runtime, settings.scoring_hash())
+
+
 def test_transform_frames(spark, settings):
     recs = _records()
-    steps, contexts, quarantined = J.transform(_chains_df(spark, recs), settings)
+    steps, contexts, quarantined = _transform(_chains_df(spark, recs), settings)
     assertSchemaEqual(steps.schema, S.SCHEMA)
     assertSchemaEqual(contexts.schema, S.CONTEXTS_SCHEMA)
     h = settings.scoring_hash()
@@ -192,8 +196,8 @@ def test_transform_frames(spark, settings):
 @pytest.mark.slow
 def test_transform_invariant_to_partitions_and_batch_size(spark, make_settings):
     recs = _records(n_eb=6)
-    base = J.transform(_chains_df(spark, recs).coalesce(1), make_settings("steps.batch_size=1"))[0]
-    other = J.transform(_chains_df(spark, recs).repartition(3), make_settings("steps.batch_size=64"))[0]
+    base = _transform(_chains_df(spark, recs).coalesce(1), make_settings("steps.batch_size=1"))[0]
+    other = _transform(_chains_df(spark, recs).repartition(3), make_settings("steps.batch_size=64"))[0]
     cols = [c for c in S.SCHEMA.fieldNames() if c != S.CONFIG_HASH]  # batch_size is part of the hash
     assertDataFrameEqual(base.select(cols), other.select(cols), **EXACT_FRAME)
 

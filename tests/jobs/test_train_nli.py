@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jobs.infra.config import TrainNliSettings
 from jobs.training import train_nli as T
+from jobs.training.settings import TrainNliSettings
 from udfs import nli
 
 # Pairs a tiny model can learn in a few dozen steps: the hypothesis's last word decides the label.

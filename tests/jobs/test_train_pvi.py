@@ -162,10 +162,11 @@ def test_main_trains_logs_model_and_scoring_loads_it(make_settings, tmp_path, sp
     scores = []
     for path in (out, local):
         s = make_settings(f"models.pvi_g.path={path}", "runtime.device=cpu")
-        scores.append(pvi_scores.transform(steps, ctx, s).first())
+        scores.append(pvi_scores.transform(steps, ctx, s.pvi, s.models, s.runtime).first())
     assert scores[0].pvi_model == str(out)
     assert scores[0].pvi_g_logp == loglik_approx(scores[1].pvi_g_logp)  # same weights: float32 rounding
-    base_g = pvi_scores.transform(steps, ctx, make_settings("runtime.device=cpu")).first().pvi_g_logp
+    base = make_settings("runtime.device=cpu")
+    base_g = pvi_scores.transform(steps, ctx, base.pvi, base.models, base.runtime).first().pvi_g_logp
     assert scores[0].pvi_g_logp != loglik_approx(base_g)  # trained weights, not the base model
     assert resolve_path(str(out)) == out
 

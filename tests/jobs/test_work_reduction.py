@@ -54,8 +54,9 @@ def optimised(spark, tiny_models, tmp_path_factory) -> dict[str, list]:
     settings = folder_settings(tmp_path_factory.mktemp("optimised"), "runtime.batch_size=2",
                                "runtime.on_row_error=fail")
     steps, contexts = _frames(spark)
-    return {"nli": nli_scores.transform(steps, contexts, settings).drop("error").collect(),
-            "pvi": pvi_scores.transform(steps, contexts, settings).collect()}
+    nli = nli_scores.transform(steps, contexts, settings.nli, settings.models.nli, settings.runtime)
+    return {"nli": nli.drop("error").collect(),
+            "pvi": pvi_scores.transform(steps, contexts, settings.pvi, settings.models, settings.runtime).collect()}
 
 
 def _complete(rows: list, *cols: str) -> int:
@@ -68,10 +69,10 @@ def test_nli_scores_identical_without_each_optimisation(spark, make_settings, ti
     base = _settings(make_settings)
     off = _settings(make_settings, *variant)
     want = optimised["nli"]
-    got = nli_scores.transform(steps, contexts, off).drop("error")
+    got = nli_scores.transform(steps, contexts, off.nli, off.models.nli, off.runtime).drop("error")
     assert_scores_close(got, want, keys=[S.CHAIN_ID, S.STEP_IDX])
     assert _complete(want, "intra_entail", "inter") == sum(len(c[3]) for c in CHAINS)
-    pairs = nli_scores.plan(steps, contexts, base).pairs
+    pairs = nli_scores.plan(steps, contexts, base.nli, base.models.nli, base.runtime).pairs
     total, distinct = pairs.count(), pairs.select("premise", "hypothesis").distinct().count()
     assert distinct < total  # the chains share pairs: deduplication has work to remove
     assert _sent(spark, steps, contexts, base) == distinct
@@ -81,9 +82,8 @@ def test_nli_scores_identical_without_each_optimisation(spark, make_settings, ti
 def _sent(spark, steps, contexts, settings) -> int:
     """Pairs the model is given in one evaluation of the scored pairs."""
     sent = spark.sparkContext.accumulator(0)
-    nli_scores.plan(steps, contexts, settings, accumulators=(sent,)).scored.write.format("noop").mode(
-        "overwrite"
-    ).save()
+    nli_scores.plan(steps, contexts, settings.nli, settings.models.nli, settings.runtime,
+                    accumulators=(sent,)).scored.write.format("noop").mode("overwrite").save()
     return sent.value
 
 
@@ -91,6 +91,7 @@ def _sent(spark, steps, contexts, settings) -> int:
 def test_pvi_scores_identical_without_each_optimisation(spark, make_settings, tiny_models, optimised, variant):
     steps, contexts = _frames(spark)
     want = optimised["pvi"]
-    got = pvi_scores.transform(steps, contexts, _settings(make_settings, *variant))
+    settings = _settings(make_settings, *variant)
+    got = pvi_scores.transform(steps, contexts, settings.pvi, settings.models, settings.runtime)
     assert_scores_close(got, want, keys=[S.CHAIN_ID, S.STEP_IDX])
     assert _complete(want, "info_gain", "intra_pvi") == sum(len(c[3]) for c in CHAINS)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from jobs.cot import data as D
-from jobs.infra.config import CotSettings, resolve_path
+from jobs.cot.settings import CotSettings
+from jobs.infra.config import resolve_path
 from udfs import cot_fewshot as FS
 
 HERE = Path(__file__).resolve().parents[1] / "data"

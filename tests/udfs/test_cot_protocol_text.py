@@ -103,7 +103,7 @@ def test_causal_move_space_scores_the_option_with_its_leading_space(tiny_models)
     ],
 )
 def test_rationale_cut_at_answer_marker_only(generated, rationale):
-    from jobs.infra.config import CotSettings
+    from jobs.cot.settings import CotSettings
 
     assert cot_text.rationale_of(generated, CotSettings().indicators) == rationale
     # official remain_rationale, written out
@@ -120,7 +120,7 @@ def test_rationale_cut_at_answer_marker_only(generated, rationale):
     ],
 )
 def test_cot_generation_answer_is_text_after_last_marker(generated, answer):
-    from jobs.infra.config import CotSettings
+    from jobs.cot.settings import CotSettings
 
     cfg = CotSettings()
     assert cot_text.extract_answer(generated, cfg.indicators, cfg.answer_until) == answer
@@ -133,7 +133,7 @@ def test_cot_generation_answer_is_text_after_last_marker(generated, answer):
 @pytest.mark.parametrize("family", ["causal", "seq2seq"])
 def test_rationale_has_at_least_eight_tokens_with_official_settings(tiny_models, family):
     from jobs.cot.evaluate import generator_options
-    from jobs.infra.config import CotSettings
+    from jobs.cot.settings import CotSettings
 
     model, tok = _load(tiny_models, family)
     letter = tok("a", add_special_tokens=False)["input_ids"][0]

@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from jobs.infra.config import CotSettings, resolve_path
+from jobs.cot.settings import CotSettings
+from jobs.infra.config import resolve_path
 from udfs import cot_text
 
 BBH = resolve_path(CotSettings().data_root) / "bbh" / "bbh"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.infra.config import ConfigError, IngestSettings, load_settings
-from jobs.infra.ingest_presets import DEFAULT_MAPPING, PRESETS
+from jobs.infra.config import ConfigError, load_settings
+from jobs.receval.ingest_presets import DEFAULT_MAPPING, PRESETS
+from jobs.receval.settings import IngestSettings
 from udfs.paths import PathError, PathSyntaxError, compile_source, parse
 
 LM_EVAL_ROW = {"doc_id": 3, "resps": [["chain a", "chain b"]], "filtered_resps": ["8"],

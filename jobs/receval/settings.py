@@ -1,0 +1,248 @@
+"""The ReCEval room's settings: ingest, steps, nli, pvi, aggregate, curation, pipeline and export.
+
+Composed with the platform's sections and the other rooms' into `Settings` by jobs.infra.config (settings_model);
+each stage's transform receives its own frozen section.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from jobs.infra.config import Section
+from jobs.receval.ingest_presets import (
+    DEFAULT_MAPPING,
+    METADATA_PREFIX,
+    PRESET_FORMAT,
+    PRESETS,
+    STEP_KEYS,
+    Preset,
+    effective_mapping,
+)
+from udfs.paths import PathSyntaxError, compile_source
+
+
+class IngestSettings(Section):
+    order: ClassVar[int] = 60
+
+    input: str = "tests/data/sample_lake"
+    # hf_datasets: a `datasets` save_to_disk folder (its Arrow files, read on the executors).
+    format: Literal["auto", "jsonl", "parquet", "delta", "hf_datasets"] = "auto"
+    # A producer's row shape (jobs/receval/ingest_presets.py): fills the mapping, records metadata.producer.
+    preset: Preset | None = None
+    # target field -> source in the input rows (udfs/paths.py: `a.b[0]`, one `[*]` fan-out, `a | b`,
+    # `{a}-{b}` templates; None: not present). Merged key by key over the preset's and the default mapping.
+    mapping: dict[str, str | None] = Field(default_factory=lambda: dict(DEFAULT_MAPPING))
+    # openai_batch: the batch input file (JSONL), joined to the output lines by custom_id.
+    batch_input: str | None = None
+    # Split `<open>chain<close>answer` (reasoning models) into the chain and the answer after it.
+    reasoning: bool = False
+    reasoning_tags: tuple[str, str] = ("<think>", "</think>")
+    dataset: str = "default"
+    max_field_chars: int = Field(200_000, ge=1)
+    max_steps: int = Field(2_000, ge=1)
+    # A literal U+FFFD in text that is valid UTF-8 (byte-level BPE models emit it when a generation cuts a
+    # character): strip_end removes it at the end of a text and keeps it inside, strip removes every one, keep
+    # keeps them, quarantine rejects the row (reason replacement_char). Bytes that are not UTF-8 are always
+    # quarantined as undecodable_text.
+    replacement_char: Literal["strip_end", "keep", "strip", "quarantine"] = "strip_end"
+    # The run fails (non-zero exit, FAILED MLflow run) when quarantined / read rows reaches this share; the rows
+    # are written to `quarantine` first. 1.0: only a run that quarantines every row it read.
+    max_quarantined_share: float = Field(1.0, gt=0, le=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _merge_mapping(cls, data: Any) -> Any:
+        # The user's keys override the preset's, which override the defaults: `--set ingest.mapping.answer=x`
+        # changes one field, not the whole mapping.
+        if not isinstance(data, dict):
+            return data
+        preset = data.get("preset")
+        if preset is not None and preset not in PRESETS:
+            return data  # the Literal check names the bad value
+        user = data.get("mapping")
+        if user is not None and not isinstance(user, Mapping):
+            return data
+        out = {**data, "mapping": effective_mapping(preset, user)}
+        if preset in PRESET_FORMAT and data.get("format", "auto") == "auto":
+            out["format"] = PRESET_FORMAT[preset]
+        return out
+
+    @field_validator("mapping")
+    @classmethod
+    def _sources_parse(cls, mapping: dict[str, str | None]) -> dict[str, str | None]:
+        fan_outs = []
+        for key, source in mapping.items():
+            if key not in DEFAULT_MAPPING and not (key.startswith(METADATA_PREFIX) and len(key) > len(METADATA_PREFIX)):
+                raise ValueError(f"{key}: not a chains field (one of {sorted(DEFAULT_MAPPING)} or metadata.<name>)")
+            if source is None:
+                continue
+            try:
+                compiled = compile_source(source)
+            except PathSyntaxError as err:
+                raise ValueError(f"{key}: {err}") from None
+            if compiled.fans_out:
+                if key in STEP_KEYS:
+                    raise ValueError(f"{key}: a path inside a step object cannot fan out")
+                fan_outs.append(key)
+        if len(fan_outs) > 1:
+            raise ValueError(f"{' and '.join(fan_outs)} both fan out ([*]); a mapping may fan out once")
+        return mapping
+
+    @model_validator(mode="after")
+    def _batch_input_given(self) -> IngestSettings:
+        if self.preset == "openai_batch" and not self.batch_input:
+            raise ValueError(
+                "preset openai_batch joins each output line to its request by custom_id: set ingest.batch_input "
+                "to the batch input file"
+            )
+        if not all(tag.strip() for tag in self.reasoning_tags):
+            raise ValueError(f"reasoning_tags must be two non-empty tags, got {list(self.reasoning_tags)}")
+        return self
+
+
+class StepsSettings(Section):
+    order: ClassVar[int] = 70
+    scoring_exclude: ClassVar[frozenset[str] | None] = frozenset({"batch_size"})
+
+    boundary: Literal["sentence", "newline", "given", "whole"] = "sentence"
+    # conjunction (paper): "so/therefore" conclude, "because/since" introduce premises ("C because P" -> C);
+    # position (official code): the last unit is the conclusion. docs/design/RECEVAL.md "Roles".
+    roles: Literal["position", "conjunction"] = "conjunction"
+    # clauses: units cut at connectives and between clauses with their own subject (default; measured against
+    # EB gold in bench/RESULTS.md); spacy: verb frames from the parse + the official selection rules; srl: the
+    # same rules on frames of a BIO-tagging SRL model (steps.srl_model). docs/design/RECEVAL.md "RCUs".
+    extractor: Literal["clauses", "spacy", "srl"] = "clauses"
+    srl_model: str | None = None
+    batch_size: int = Field(64, ge=1)
+    # Missing a_hat: the text after the last of these (case-insensitive), else the last conclusion RCU.
+    answer_indicators: list[str] = Field(default_factory=lambda: ["answer is", "[ANSWER]"])
+    # GSM-8K "<<3+4=7>>" calculator annotations are tool markup, not reasoning text.
+    strip_calculator: bool = True
+
+
+History = Literal["all", "none"] | int
+
+
+class NliSettings(Section):
+    order: ClassVar[int] = 80
+    scoring_exclude: ClassVar[frozenset[str] | None] = frozenset({"batch_size"})
+
+    # Earlier conclusions added to the intra premise: all (official code), none, or the last k (k >= 1).
+    intra_history: Literal["all", "none"] | Annotated[int, Field(ge=1)] = "all"
+    # Earlier conclusions checked for contradiction: all (the paper's best) or the last k.
+    inter_history: Literal["all"] | Annotated[int, Field(ge=1)] = "all"
+    batch_size: int | None = Field(None, ge=1)  # None: runtime.batch_size
+    max_length: int | None = Field(None, ge=8)  # None: runtime.max_length; the premise is cut first
+
+
+class PviSettings(Section):
+    order: ClassVar[int] = 90
+    scoring_exclude: ClassVar[frozenset[str] | None] = frozenset({"batch_size"})
+
+    # Input format of L(k): causal (a plain LM, the official default) or seq2seq ("Generate final answer:"
+    # prefix); must match models.info_gain.family.
+    info_gain_family: Literal["causal", "seq2seq"] = "causal"
+    # Earlier conclusions joined to g's premises: all (the spec), none, or the last k.
+    intra_history: Literal["all", "none"] | Annotated[int, Field(ge=1)] = "all"
+    batch_size: int | None = Field(None, ge=1)  # None: runtime.batch_size
+    # None: each LM's own position limit (config n_positions / max_position_embeddings, else the tokenizer's
+    # model_max_length), so sources and targets are scored whole wherever the model allows; a number is a lower
+    # cap. A row over the limit is scored with its source cut from the left and flagged (step_scores.pvi_truncated).
+    max_length: int | None = Field(None, ge=8)
+    # g's source for a step with no premise text: empty_join = the official "Generate entailed sentence:  ->";
+    # none = g' own "... None ->" (this project's behaviour before issue #17; docs/PVI.md).
+    empty_premises: Literal["empty_join", "none"] = "empty_join"
+
+
+class AggregateSettings(Section):
+    order: ClassVar[int] = 120
+
+    api_k: list[int] = Field(default_factory=lambda: [1, 2, 3])
+
+
+class CurationSettings(Section):
+    """Rules a chain must pass to be curated. Keys name a metric (`inter` -> its chain score `inter_min`)
+    or any numeric `chain_scores` column (`inter_mean`); a chain passes a rule when its value is >= the
+    bound, and a null score fails it."""
+
+    order: ClassVar[int] = 200
+
+    thresholds: dict[str, float] = Field(default_factory=dict)
+    # metric -> q: the bound is the q-quantile of that score over the reference set.
+    quantiles: dict[str, float] = Field(default_factory=dict)
+    # run: the chains curated in this run; all: every chain scored under the config hash;
+    # anything else: path of a Delta table with the chain_scores columns.
+    quantile_reference: str = "run"
+    require_api_k: int | None = Field(None, ge=1)
+    max_steps: int | None = Field(None, ge=1)
+    histogram_bins: int = Field(20, ge=2)
+    # step_scores metric -> threshold (e.g. one `python -m jobs.metaeval.localise` calibrated): every decided
+    # chain carries its first flagged step, the first step scoring below the threshold of any metric here, and
+    # that metric (curation.first_flagged_step / _metric; -1 = none flagged). A label, not a rule: no chain
+    # passes or fails by it. Empty: no flags (null), and the rules hash of the rules before it.
+    step_thresholds: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("quantiles")
+    @classmethod
+    def _in_unit_interval(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {k: q for k, q in value.items() if not 0.0 <= q <= 1.0}
+        if bad:
+            raise ValueError(f"quantiles must lie in [0, 1]: {bad}")
+        return value
+
+    def rules_hash(self) -> str:
+        """Hash of the rules (not the reporting options): new rules curate every chain again."""
+        keyed = self.model_dump(exclude={"histogram_bins"})
+        if not keyed["step_thresholds"]:
+            del keyed["step_thresholds"]  # chains decided before the setting existed keep their rules hash
+        return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class PipelineSettings(Section):
+    order: ClassVar[int] = 220
+
+    stages: list[Literal["ingest", "steps", "scores", "aggregate", "curate", "report"]] = Field(
+        default_factory=lambda: ["ingest", "steps", "scores", "aggregate", "curate", "report"]
+    )
+    # Delete this config hash's rows and score every chain again (a resumed run must not repeat it).
+    rescore: bool = False
+    # Chains per committed batch: a killed run loses at most one batch of work per stage.
+    batch_chains: int = Field(5_000, ge=1)
+    # Skip ingest when no input file changed since the last run (path, size, mtime, and the ingest settings but
+    # input: a changed mapping reads the files again).
+    skip_unchanged_input: bool = True
+    report_worst_n: int = Field(5, ge=0)
+    # rich: a live progress bar on a terminal; plain: one line per committed batch (logs, CI).
+    progress: Literal["auto", "rich", "plain"] = "auto"
+
+
+class ExportSettings(Section):
+    """`python -m jobs.receval.export`: curated (or rejected) chains with text, scores and reasons, or the
+    quarantine table (reasons, raw rows, sources; `datasets` and `config_hash` do not apply to it)."""
+
+    order: ClassVar[int] = 250
+
+    table: Literal["curated", "rejected", "quarantine"] = "curated"
+    format: Literal["jsonl", "parquet", "hf"] = "jsonl"
+    output: str = "exports/curated"
+    datasets: list[str] | None = None  # None: every dataset
+    run_id: str | None = None  # only the chains curated by this pipeline run (its run id)
+    config_hash: str | None = None  # None: Settings.scoring_hash()
+
+
+# Section name -> class: jobs.infra.config composes these into Settings (settings_model).
+SECTIONS: dict[str, type[Section]] = {
+    "ingest": IngestSettings,
+    "steps": StepsSettings,
+    "nli": NliSettings,
+    "pvi": PviSettings,
+    "aggregate": AggregateSettings,
+    "curation": CurationSettings,
+    "pipeline": PipelineSettings,
+    "export": ExportSettings,
+}

@@ -1,0 +1,70 @@
+"""The chain sampling and selection room's settings: select and sample. Composed into `Settings` by
+jobs.infra.config (settings_model).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from jobs.infra.config import ModelRef, Section
+
+
+class SelectSettings(Section):
+    """ReCEval-guided choice among k sampled chains per question."""
+
+    order: ClassVar[int] = 180
+
+    # correctness = min(intra_entail_min, inter_min); informativeness = info_gain_min;
+    # both = mean of the two ranks within the question (scales differ: probabilities vs nats).
+    criteria: list[Literal["correctness", "informativeness", "both"]] = Field(
+        default_factory=lambda: ["correctness", "informativeness", "both"]
+    )
+    correctness: list[str] = Field(default_factory=lambda: ["intra_entail_min", "inter_min"])
+    informativeness: list[str] = Field(default_factory=lambda: ["info_gain_min"])
+    combine: Literal["rank_mean", "sum"] = "rank_mean"
+    greedy_key: str = "sample_idx"  # metadata key; the sample with the smallest value is the greedy one
+    # metadata key whose value "true" marks a real greedy decode (sample_chains writes one per question): it is
+    # the greedy baseline and never a candidate; a question without one falls back to the greedy_key rule.
+    greedy_flag: str = "greedy"
+    config_hash: str | None = None
+    datasets: list[str] | None = None
+
+
+class SampleSettings(Section):
+    """`python -m jobs.selection.sample_chains`: k sampled chains + one greedy decode per GSM-8K question -> JSONL."""
+
+    order: ClassVar[int] = 190
+
+    # ROSCOE's 1,319 GSM-8K test inputs (dataset roscoe_gsm8k): question in `premise`, gold solution in
+    # `hypothesis` ending "A: <answer>".
+    questions_path: str = "${paths.data}/roscoe/generated/gsm8k.json"
+    question_field: str = "premise"
+    gold_field: str = "hypothesis"
+    key_field: str = "key"
+    gold_marker: str = "A:"  # the gold answer is the text after its last occurrence
+    dataset: str = "gsm8k_select"
+    questions: int | None = Field(50, ge=1)  # a seeded choice of this many questions; None: all
+    k: int = Field(5, ge=2)  # sampled chains per question (paper: 20)
+    temperature: float = Field(0.7, gt=0)  # paper: 0.7
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int = 0
+    max_new_tokens: int = Field(128, ge=1)
+    # Zero-shot CoT (Kojima et al. 2022); {question} is replaced by the question text.
+    prompt: str = "Q: {question}\nA: Let's think step by step.\n"
+    # The chain's answer: the last number after the last indicator (else in the whole text).
+    answer_indicators: list[str] = Field(default_factory=lambda: ["answer is", "A:"])
+    model: ModelRef = ModelRef(path="models/tiny-t5", family="seq2seq")
+    max_length: int = Field(512, ge=8)  # prompt + new tokens (causal) / prompt (seq2seq), as udfs.generate
+    # Greedy decodes of this many prompts at once; 1 keeps padding away from them, so each equals a plain
+    # model.generate(do_sample=False) of its prompt (a larger batch is faster on a GPU, equal up to float noise).
+    greedy_batch_size: int = Field(1, ge=1)
+    output: str | None = None  # JSONL folder; None: <paths.lake>/_samples/<dataset>
+
+
+# Section name -> class: jobs.infra.config composes these into Settings (settings_model).
+SECTIONS: dict[str, type[Section]] = {
+    "select": SelectSettings,
+    "sample": SampleSettings,
+}
