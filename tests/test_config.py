@@ -140,7 +140,9 @@ def test_print_config_names_the_layer_of_every_value(tmp_path: Path, capsys, mon
     assert lines["spark.master"].endswith("# conf/profiles/local.yaml")
     assert lines["models.nli.path"].endswith("# conf/models/offline.yaml")
     assert lines["runtime.max_length"].endswith("# conf/defaults.yaml")
-    assert lines["pipeline.batch_chains"].endswith("# default (jobs/infra/config.py)")
+    # A default names the file that declares its section: a room's settings, or the platform's config.
+    assert lines["pipeline.batch_chains"].endswith("# default (jobs/receval/settings.py)")
+    assert lines["spark.log_level"].endswith("# default (jobs/infra/config.py)")
 
 
 def test_quoted_override_is_the_text_inside_the_quotes():

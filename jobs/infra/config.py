@@ -559,21 +559,30 @@ def load_settings_with_sources(
     return _with_data_folder(settings, settings.paths.data), sources
 
 
-def source_of(key: str, sources: Mapping[str, str]) -> str:
-    """The layer that set a dotted key: its own entry, else the nearest enclosing key's (a dict set whole)."""
+def source_of(key: str, sources: Mapping[str, str], declared_in: str = "jobs/infra/config.py") -> str:
+    """The layer that set a dotted key: its own entry, else the nearest enclosing key's (a dict set whole), else
+    the default of the module that declares its section (`declared_in`)."""
     parts = key.split(".")
     for end in range(len(parts), 0, -1):
         found = sources.get(".".join(parts[:end]))
         if found is not None:
             return found
-    return "default (jobs/infra/config.py)"
+    return f"default ({declared_in})"
+
+
+def _declared_in(settings: Settings, key: str) -> str:
+    """The file of the class that declares a top-level section: a room's settings.py or this module."""
+    section = getattr(settings, key.split(".")[0], None)
+    module = type(section).__module__ if isinstance(section, BaseModel) else __name__
+    return module.replace(".", "/") + ".py"
 
 
 def describe(settings: Settings, sources: Mapping[str, str]) -> str:
     """The resolved configuration, one `key: value  # source` line per setting (for --print-config)."""
     flat = flatten(settings.model_dump(mode="json"))
     width = min(60, max(len(f"{k}: {v}") for k, v in flat.items()))
-    return "\n".join(f"{f'{k}: {v}':<{width}}  # {source_of(k, sources)}" for k, v in flat.items())
+    return "\n".join(f"{f'{k}: {v}':<{width}}  # {source_of(k, sources, _declared_in(settings, k))}"
+                     for k, v in flat.items())
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
