@@ -107,13 +107,14 @@ class Stage:
         if self.body is None:
             raise SystemExit(f"{self.name} runs only as a part of a composed stage (the pipeline)")
         name = self.run_name(args) if self.run_name is not None else self.name
+        # A composition's parts record their own tables (the pipeline's child runs); without Spark, no tables.
+        records = spark is not None and not self.parts
         with job_run(settings, name) as tracked:
-            lineage_of = () if self.parts or spark is None else (self,)
-            for stage in lineage_of:
-                lineage.log_tables(spark, settings, tracked, stage.inputs(settings), "input")
+            if records:
+                lineage.log_tables(spark, settings, tracked, self.inputs(settings), "input")
             result = self.body(Job(spark, settings, tracked, args))
-            for stage in lineage_of:
-                lineage.log_tables(spark, settings, tracked, stage.outputs(settings), "output")
+            if records:
+                lineage.log_tables(spark, settings, tracked, self.outputs(settings), "output")
         return result
 
 
@@ -125,10 +126,11 @@ def settings_of(argv: Sequence[str]) -> Settings:
 
 def table_lines(spark: SparkSession | None, settings: Settings, stage: Stage) -> list[str]:
     """The `reads`/`writes` lines of a stage's dry-run: each table's version and rows (reads Delta logs only)."""
-    if spark is None:
-        return [f"  reads  {n}" for n in stage.inputs(settings)] + [f"  writes {n}" for n in stage.outputs(settings)]
-    return [f"  reads  {lineage.table_line(spark, settings, n)}" for n in stage.inputs(settings)] + [
-        f"  writes {lineage.table_line(spark, settings, n)}" for n in stage.outputs(settings)
+    def line(name: str) -> str:
+        return name if spark is None else lineage.table_line(spark, settings, name)
+
+    return [f"  reads  {line(n)}" for n in stage.inputs(settings)] + [
+        f"  writes {line(n)}" for n in stage.outputs(settings)
     ]
 
 
