@@ -34,6 +34,12 @@ TWO = bytes(range(256)) * 20  # 5,120 bytes: room to cut a transfer in the middl
 CUT = 1000
 LITERALS = b"A = [1, 2]  # a comment\nB = {'k': '\xc3\xa9'}\n"  # what a `derive: python_literals` url holds
 DERIVED = json.dumps({"A": [1, 2], "B": {"k": "\u00e9"}}, indent=1, ensure_ascii=False).encode()
+# What a `derive: first_rows` url holds (\n line ends, a quoted field with a comma and a newline, a needlessly
+# quoted one, a blank line), and its header + first 2 records as csv.writer writes them (\r\n, minimal quotes).
+PAIRS = (b'premise,hypothesis,label\n"A cat sat,\nthen slept.",A cat rests.,entailment\n\n'
+         b'"Caf\xc3\xa9 ""open""","The caf\xc3\xa9",neutral\nA dog runs.,A dog sleeps.,contradiction\n')  # fmt: skip
+FIRST_2 = (b'premise,hypothesis,label\r\n"A cat sat,\nthen slept.",A cat rests.,entailment\r\n'
+           b'"Caf\xc3\xa9 ""open""",The caf\xc3\xa9,neutral\r\n')  # fmt: skip
 
 
 class Upstream(ThreadingHTTPServer):
@@ -95,7 +101,7 @@ def _loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def upstream() -> Iterator[Upstream]:
     server = Upstream()
-    server.files = {"/one.txt": ONE, "/two.bin": TWO, "/literals.py": LITERALS}
+    server.files = {"/one.txt": ONE, "/two.bin": TWO, "/literals.py": LITERALS, "/pairs.csv": PAIRS}
     # A short poll keeps shutdown() (teardown) quick.
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
@@ -104,7 +110,7 @@ def upstream() -> Iterator[Upstream]:
     server.server_close()
 
 
-def _entry(path: str, url: str, content: bytes, **extra: str) -> dict:
+def _entry(path: str, url: str, content: bytes, **extra: str | int) -> dict:
     return {"path": path, "url": url, "bytes": len(content), "sha256": hashlib.sha256(content).hexdigest(), **extra}
 
 
@@ -119,6 +125,7 @@ def catalogue_file(tmp_path: Path, upstream: Upstream) -> Path:
                         _entry("tiny/sub/two.bin", upstream.url("two.bin"), TWO)),
         "derived": dataset(_entry("derived/values.json", upstream.url("literals.py"), DERIVED,
                                   derive="python_literals")),
+        "first": dataset(_entry("first/pairs.csv", upstream.url("pairs.csv"), FIRST_2, derive="first_rows", rows=2)),
     }}, sort_keys=False))  # fmt: skip
     return path
 
@@ -150,6 +157,27 @@ def test_fetch_derives_json_from_python_literals(tmp_path: Path, upstream: Upstr
     fetch(["derived"], root, catalogue=catalogue)
     assert (root / "derived/values.json").read_bytes() == DERIVED
     assert sorted(p.name for p in root.rglob("*")) == ["derived", "values.json"]  # the source is gone
+
+
+def test_fetch_derives_the_first_rows_of_a_csv(tmp_path: Path, upstream: Upstream, catalogue) -> None:
+    root = tmp_path / "data"
+    fetch(["first"], root, catalogue=catalogue)
+    # The quoted newline and comma stay in their field; the third record is cut.
+    assert (root / "first/pairs.csv").read_bytes() == FIRST_2
+    assert sorted(p.name for p in root.rglob("*")) == ["first", "pairs.csv"]  # the source is gone
+
+
+def test_fetch_first_rows_of_a_short_source_names_url_and_counts_and_places_nothing(
+    tmp_path: Path, upstream: Upstream, catalogue
+) -> None:
+    upstream.files["/pairs.csv"] = PAIRS.split(b"\n\n")[0] + b"\n"  # the header and its first record only
+    root = tmp_path / "data"
+    with pytest.raises(FetchError) as err:
+        fetch(["first"], root, catalogue=catalogue)
+    message = str(err.value)
+    assert upstream.url("pairs.csv") in message and "first/pairs.csv" in message
+    assert "2 records wanted after the header (rows), the source has 1" in message
+    assert [p for p in root.rglob("*") if p.is_file()] == [] and not is_present(catalogue["first"], root)
 
 
 def test_fetch_checksum_mismatch_names_both_hashes_and_places_nothing(
@@ -266,6 +294,17 @@ def test_catalogue_rejects_paths_outside_the_data_folder(tmp_path: Path) -> None
         {"path": "../escape.txt", "url": "https://example.invalid/f", "bytes": 1, "sha256": "0" * 64}]}}}  # fmt: skip
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(bad))
     with pytest.raises(CatalogueError, match="'x'.*files.0.path"):
+        load_catalogue(tmp_path / "c.yaml")
+
+
+@pytest.mark.parametrize(
+    "extra", [{"derive": "first_rows"}, {"rows": 3}, {"derive": "python_literals", "rows": 3}]
+)
+def test_catalogue_wants_rows_with_first_rows_and_only_there(tmp_path: Path, extra: dict) -> None:
+    bad = {"datasets": {"x": {"description": "", "source": "", "licence": "", "files": [
+        {"path": "x.csv", "url": "https://example.invalid/f", "bytes": 1, "sha256": "0" * 64, **extra}]}}}  # fmt: skip
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(CatalogueError, match=r"'x'.*files\.0.*`rows` goes with `derive: first_rows`"):
         load_catalogue(tmp_path / "c.yaml")
 
 

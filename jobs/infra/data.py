@@ -13,8 +13,11 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import csv
 import hashlib
 import http.client
+import io
+import itertools
 import json
 import logging
 import os
@@ -29,7 +32,15 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 from rich.filesize import decimal as human_size
 
 from jobs.infra.config import CONF_DIR, ConfigError, load_settings, resolve_path
@@ -88,10 +99,18 @@ class DataFile:
     bytes: Annotated[int, Field(ge=0)]
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
     # python_literals: `url` holds Python literals; the file is their JSON (bytes and sha256 are the JSON's).
-    derive: Literal["python_literals"] | None = None
+    # first_rows: `url` is a CSV file; the file is its header and first `rows` records, as csv.writer writes them.
+    derive: Literal["python_literals", "first_rows"] | None = None
+    rows: Annotated[int, Field(gt=0)] | None = None  # with `derive: first_rows` only, which needs it
     # The dataset is usable without this file (its jobs and tests read it only where it is): a mirror may lack
     # it, and `fetch --from` then places the others and says which it left out. A download gets it like any file.
     optional: bool = False
+
+    @model_validator(mode="after")
+    def _rows_with_first_rows(self) -> DataFile:
+        if (self.derive == "first_rows") != (self.rows is not None):
+            raise ValueError("`rows` goes with `derive: first_rows`, and `derive: first_rows` needs `rows`")
+        return self
 
 
 @dataclass(frozen=True)
@@ -233,6 +252,28 @@ def _python_literals_json(source: bytes) -> bytes:
     return json.dumps(values, indent=1, ensure_ascii=False).encode()
 
 
+def _first_rows_csv(source: bytes, rows: int) -> bytes:
+    """The header record and the first `rows` records of a UTF-8 CSV file, written as Python's csv.writer writes
+    them (excel dialect: quotes only where a field needs them, \r\n after each record). The csv module reads the
+    records, so a quoted field that holds a newline or a comma stays whole; blank lines are not records. Raises
+    ValueError when the source has fewer records."""
+    reader = csv.reader(io.StringIO(source.decode("utf-8"), newline=""), strict=True)
+    records = list(itertools.islice((record for record in reader if record), rows + 1))
+    if len(records) <= rows:
+        found = max(len(records) - 1, 0)
+        raise ValueError(f"{rows:,} records wanted after the header (rows), the source has {found:,}")
+    out = io.StringIO(newline="")
+    csv.writer(out).writerows(records)
+    return out.getvalue().encode("utf-8")
+
+
+def _derived(file: DataFile, source: bytes) -> bytes:
+    if file.derive == "first_rows":
+        assert file.rows is not None  # the catalogue's validation
+        return _first_rows_csv(source, file.rows)
+    return _python_literals_json(source)
+
+
 def _stage(file: DataFile, staged: Path, mirror: Path | None, attempts: int, log: logging.Logger) -> None:
     """Put `file` at `staged` with its catalogue sha256, from the mirror or its URL."""
     if _verified(staged, file):  # left by an earlier fetch of this dataset that failed later on
@@ -260,8 +301,8 @@ def _stage(file: DataFile, staged: Path, mirror: Path | None, attempts: int, log
                 time.sleep(RETRY_PAUSE_S * attempt)
         if file.derive:
             try:
-                staged.write_bytes(_python_literals_json(target.read_bytes()))
-            except (SyntaxError, ValueError) as err:
+                staged.write_bytes(_derived(file, target.read_bytes()))
+            except (SyntaxError, ValueError, csv.Error) as err:
                 raise FetchError(f"{file.url}: cannot derive {file.path}: {err}") from None
             finally:
                 target.unlink()
