@@ -332,7 +332,8 @@ def _data_defaults(model: BaseModel) -> list[str]:
 
 def test_real_catalogue_is_consistent() -> None:
     catalogue = load_catalogue()
-    assert set(catalogue) == {"entailment_bank", "roscoe_gsm8k", "processbench", "bbh", "mgsm", "p3_heldout", "sick"}
+    assert set(catalogue) == {"entailment_bank", "roscoe_gsm8k", "processbench", "bbh", "mgsm", "p3_heldout", "sick",
+                              "mnli_dev_matched", "snli_dev", "joci", "scitail", "cf_snli"}  # fmt: skip
     files = [f for d in catalogue.values() for f in d.files]
     paths = [f.path for f in files]
     assert len(paths) == len(set(paths))
