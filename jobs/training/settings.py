@@ -83,6 +83,9 @@ class NliSourceSettings(Section):
     train_values: list[str] = Field(default_factory=list)
     test_values: list[str] = Field(default_factory=list)
     max_rows: int | None = Field(None, ge=1)  # first N rows (smoke runs)
+    # A 2-way source (entailment / not): trained with its negatives read as `labels` says (neutral, the weaker
+    # claim), but its held-out accuracy counts only entailment vs not, the distinction its labels make.
+    two_way: bool = False
 
     @field_validator("labels")
     @classmethod
@@ -116,6 +119,17 @@ NLI_SOURCES: dict[str, dict[str, Any]] = {
             "licence": "MIT (jiant copy)", "labels": {"entailment": "entailment", "not_entailment": "neutral"}},
     "cb": {"path": "${paths.data}/cot/p3_heldout/cb/val.jsonl", "dataset": "p3_heldout",
            "licence": "Apache-2.0 (EEP copy)"},
+    # The NLI mirror's other files (conf/datasets.yaml; `python -m jobs.infra.data fetch NAME`).
+    "mnli_m": {"path": "${paths.data}/nli/mnli_dev_matched.csv", "dataset": "mnli_dev_matched"},
+    "snli_dev": {"path": "${paths.data}/nli/snli_dev.csv", "dataset": "snli_dev"},
+    "joci": {"path": "${paths.data}/nli/joci_train.csv", "dataset": "joci"},
+    # SciTail (science exam sentences, EntailmentBank's domain) is 2-way; its not_entailment read as neutral.
+    "scitail": {"path": "${paths.data}/nli/scitail_test.csv", "dataset": "scitail", "two_way": True,
+                "labels": {"entailment": "entailment", "not_entailment": "neutral"}},
+    "cf_snli": {"path": "${paths.data}/nli/cf_snli_train.tsv", "dataset": "cf_snli", "premise": "sentence1",
+                "hypothesis": "sentence2", "label": "gold_label"},
+    "cf_snli_dev": {"path": "${paths.data}/nli/cf_snli_dev.tsv", "dataset": "cf_snli", "premise": "sentence1",
+                    "hypothesis": "sentence2", "label": "gold_label"},
 }
 
 

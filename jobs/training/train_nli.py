@@ -255,10 +255,15 @@ def predict(model: Any, tokenizer: Any, pairs: Pairs, batch_size: int, max_lengt
     return predict_pairs(model, tokenizer, pairs.premises, pairs.hypotheses, batch_size, max_length).probs
 
 
-def accuracy(probs: np.ndarray, pairs: Pairs) -> float | None:
+def accuracy(probs: np.ndarray, pairs: Pairs, two_way: bool = False) -> float | None:
+    """Share of labelled pairs predicted right; `two_way`: right = entailment predicted iff entailment is gold."""
     gold = np.array(pairs.labels)
     known = gold != NO_LABEL
-    return float((probs.argmax(axis=1)[known] == gold[known]).mean()) if known.any() else None
+    if not known.any():
+        return None
+    pred, gold = probs.argmax(axis=1)[known], gold[known]
+    entail = LABEL2ID["entailment"]
+    return float(((pred == entail) == (gold == entail)).mean() if two_way else (pred == gold).mean())
 
 
 class _Encoded:
@@ -402,7 +407,9 @@ def evaluate(out: Path, held: dict[str, Pairs], cfg: TrainNliSettings, device: s
     results: dict[str, dict[str, float | int | None]] = {}
     for name, pairs in held.items():
         probs = predict(model, tokenizer, pairs, cfg.eval_batch_size, cfg.max_length)
-        row: dict[str, float | int | None] = {"pairs": len(pairs), "accuracy": accuracy(probs, pairs)}
+        source = cfg.sources.get(name.split(":")[0])
+        row: dict[str, float | int | None] = {
+            "pairs": len(pairs), "accuracy": accuracy(probs, pairs, two_way=source is not None and source.two_way)}
         if teacher is not None and name in teacher:
             row["teacher_agreement"] = float((probs.argmax(1) == teacher[name].argmax(1)).mean())
             row["teacher_kl"] = mean_kl(teacher[name], probs)

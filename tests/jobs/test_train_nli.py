@@ -223,3 +223,35 @@ def test_main_writes_card_and_logs_metrics_and_model(tiny_models, tmp_path, make
     assert run.data.params["train_nli.max_steps"] == "4"
     artifacts = {a.path for a in MlflowClient(tracking_uri(settings)).list_artifacts(run.info.run_id, "model")}
     assert "model/model.safetensors" in artifacts and "model/README.md" in artifacts
+
+
+# --- the NLI mirror's sources and 2-way held-out accuracy ---------------------------------------------------------
+
+
+def test_two_way_accuracy_counts_entailment_against_the_rest():
+    # labels: entailment 0, neutral 1, contradiction 2; a 2-way source's negatives are read as neutral
+    probs = np.array([[0.8, 0.1, 0.1], [0.1, 0.1, 0.8], [0.2, 0.7, 0.1], [0.1, 0.8, 0.1]])
+    pairs = T.Pairs("scitail", ["p"] * 4, ["h"] * 4, [0, 1, 1, 0])
+    # 3-way: right on rows 0 and 2 only; 2-way: a contradiction predicted for a not-entailment gold is right too
+    assert T.accuracy(probs, pairs) == pytest.approx(2 / 4)
+    assert T.accuracy(probs, pairs, two_way=True) == pytest.approx(3 / 4)
+
+
+@pytest.mark.dataset("sick", "p3_heldout", "mnli_dev_matched", "snli_dev", "joci", "scitail", "cf_snli")
+def test_every_registered_source_reads_with_its_labels(make_settings):
+    """Each built-in source reads in full from the files its dataset places: counts and label mixes as the mirror's
+    README states them (SciTail 2-way, its not_entailment read as neutral; SICK's TEST rows a test set)."""
+    s = make_settings()
+    expected = {  # name -> (pairs read incl. a test split, {label: count})
+        "mnli_m": (9815, None), "snli_dev": (9831, {"entailment": 3325, "neutral": 3231, "contradiction": 3275}),
+        "joci": (8412, {"entailment": 1580, "neutral": 3638, "contradiction": 3194}),
+        "scitail": (2126, {"entailment": 842, "neutral": 1284}), "cf_snli": (8330, None), "cf_snli_dev": (1000, None),
+        "sick": (9840, None),
+    }
+    for name, (rows, mix) in expected.items():
+        train, test = T.load_source(name, s.train_nli.sources[name], s)
+        assert len(train) + len(test) == rows, name
+        if mix is not None:
+            got = {T.NLI_LABELS[y]: n for y, n in zip(*np.unique(train.labels, return_counts=True), strict=True)}
+            assert got == mix, name
+    assert s.train_nli.sources["scitail"].two_way and not s.train_nli.sources["mnli_m"].two_way
