@@ -41,14 +41,16 @@ data: setup
 	$(PYTHON) -m jobs.infra.data fetch --all $(if $(FROM),--from $(FROM))
 
 # The `small` model profile's trained models, each built only when missing (its training record marks a finished
-# run): the NLI model (models/nli-small: the pip MiniLM-L6 fine-tuned on SICK train+trial and ANLI dev r1-r3,
-# python -m jobs.training.train_nli, about 75 min on 2 cores) and the PVI models g, g' and the information-gain
+# run): the NLI model (models/nli-small: the pip MiniLM-L6 fine-tuned on every NLI source of the catalogue, SICK
+# train+trial, ANLI dev r1-r3, MNLI dev-matched, SNLI dev, JOCI, SciTail and counterfactual SNLI, 2 epochs,
+# python -m jobs.training.train_nli) and the PVI models g, g' and the information-gain
 # model (models/pvi-small/<kind>: small T5s from random weights on EntailmentBank task_1 train, early-stopped on
 # dev, python -m jobs.training.train_pvi; times in the README). `make run` uses the profile once all are built.
 # Registered pretrained models (conf/model_registry.yaml, python -m jobs.infra.models) are fetched before any
 # training, each only when its folder lacks a finished fetch: gemma3-270m (a pretrained causal LM, ~2.5 min).
 models: setup
-	$(PYTHON) -m jobs.infra.data fetch sick p3_heldout entailment_bank $(if $(FROM),--from $(FROM))
+	$(PYTHON) -m jobs.infra.data fetch sick p3_heldout entailment_bank mnli_dev_matched snli_dev joci scitail cf_snli \
+	  $(if $(FROM),--from $(FROM))
 	@test -f models/gemma3-270m/model_record.json || $(PYTHON) -m jobs.infra.models fetch gemma3-270m
 	@test -f models/nli-small/train_nli.json || $(PYTHON) -m jobs.training.train_nli $(ARGS)
 	@test -f models/pvi-small/g/train_pvi.json || \

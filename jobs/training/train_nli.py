@@ -15,7 +15,7 @@ Output: `<train_nli.output_dir>` (default models/nli-small, the `small` model pr
 safetensors, a model card (README.md: data, steps, held-out accuracy per source), train_nli.json; the MLflow run
 holds the metrics, the MLflow model `nli` (pyfunc) and the folder as the artifact `model`.
 
-    python -m jobs.training.train_nli                      # SICK train+trial + ANLI dev r1-r3, 3 epochs (make models)
+    python -m jobs.training.train_nli                      # every catalogue NLI source, 2 epochs (make models)
     python -m jobs.training.train_nli --set train_nli.use=[sick,cb] --set train_nli.teacher=/models/deberta
 """
 
