@@ -10,7 +10,7 @@ import pytest
 from jobs.infra.config import load_settings, random_models_note, small_built, with_built_models
 
 TRAINED = {"models/nli-small": "train_nli.json", "models/pvi-small/g": "train_pvi.json",
-           "models/pvi-small/g_null": "train_pvi.json", "models/pvi-small/info_gain": "train_pvi.json"}
+           "models/pvi-small/g_null": "train_pvi.json", "models/gemma3-270m": "model_record.json"}
 
 
 def build_small(root: Path, skip: str | None = None) -> Path:
@@ -27,14 +27,16 @@ def test_small_profile_uses_the_trained_models_and_offline_for_the_rest():
     small = load_settings(overrides=["models.profile=small"], environ={})
     offline = load_settings(environ={})
     assert small.models.nli.path == "models/nli-small" and small.models.nli.family == "nli"
-    trained = {"pvi_g": "g", "pvi_null": "g_null", "info_gain": "info_gain"}
+    trained = {"pvi_g": "g", "pvi_null": "g_null"}
     for role, kind in trained.items():
         ref = getattr(small.models, role)
         assert (ref.path, ref.family) == (f"models/pvi-small/{kind}", "seq2seq")
-    assert small.models.require_trained_pvi and small.pvi.info_gain_family == "seq2seq"
+    # information gain: the pretrained Gemma 3 270M by name, a causal LM as in the official code (no training)
+    assert (small.models.info_gain.path, small.models.info_gain.family) == ("registry:gemma3-270m", "causal")
+    assert small.models.require_trained_pvi and small.pvi.info_gain_family == "causal"
     # the small PVI models are trained by train_pvi from scratch into the folders the profile names
     assert (small.train_pvi.base_model, small.train_pvi.output_dir) == ("scratch", "models/pvi-small")
-    same = {"profile", "nli", "require_trained_pvi", *trained}
+    same = {"profile", "nli", "require_trained_pvi", "info_gain", *trained}
     assert small.models.model_dump(exclude=same) == offline.models.model_dump(exclude=same)
     assert small.scoring_hash() != offline.scoring_hash()  # scores of the two profiles never mix in the lake
 

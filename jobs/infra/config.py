@@ -600,16 +600,20 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 # --- the model profile `make run` uses --------------------------------------------------------------------------
 
 SMALL_NLI = "models/nli-small"  # written by `make models` (jobs.training.train_nli); the `small` profile's NLI model
-SMALL_PVI = "models/pvi-small"  # written by `make models` (jobs.training.train_pvi): <dir>/g, g_null, info_gain
+SMALL_PVI = "models/pvi-small"  # written by `make models` (jobs.training.train_pvi): <dir>/g and g_null
+SMALL_INFO_GAIN = "models/gemma3-270m"  # fetched by `make models` (jobs.infra.models fetch gemma3-270m)
 
 
 def small_built(root: str | os.PathLike[str] = PROJECT_ROOT) -> bool:
-    """True once `make models` has trained every model of the small profile: the NLI model (train_nli.json marks
-    a finished run) and the three PVI models (train_pvi.json in each kind's folder)."""
+    """True once `make models` has built every model of the small profile: the NLI model (train_nli.json marks
+    a finished run), g and g' (train_pvi.json in each kind's folder) and the information-gain model, fetched by
+    name (model_record.json marks a finished fetch)."""
     nli = Path(root) / SMALL_NLI
-    pvi = [Path(root) / SMALL_PVI / kind for kind in ("g", "g_null", "info_gain")]
+    pvi = [Path(root) / SMALL_PVI / kind for kind in ("g", "g_null")]
+    gain = Path(root) / SMALL_INFO_GAIN
     return ((nli / "config.json").exists() and (nli / "train_nli.json").exists()
-            and all((p / "config.json").exists() and (p / "train_pvi.json").exists() for p in pvi))
+            and all((p / "config.json").exists() and (p / "train_pvi.json").exists() for p in pvi)
+            and (gain / "config.json").exists() and (gain / "model_record.json").exists())
 
 
 def with_built_models(argv: Sequence[str], environ: Mapping[str, str] | None = None,

@@ -408,19 +408,22 @@ def test_paper_profile_refuses_missing_or_untrained_pvi_models_before_any_table(
 
 
 def test_small_profile_requires_a_trained_seq2seq_info_gain_model_too(make_settings, tmp_path, tiny_models):
+    """The small profile's own L(k) model is the pretrained causal gemma3-270m; its scratch seq2seq option
+    (models.info_gain family seq2seq) is train_pvi's "Generate final answer:" task, so it must be trained."""
     from udfs.runtime import ModelUnavailable
 
     g = trained_folder(tiny_models, tmp_path / "g", "g")
     null = trained_folder(tiny_models, tmp_path / "g_null", "g_null")
     trained = ("models.profile=small", f"models.pvi_g.path={g}", f"models.pvi_null.path={null}")
-    # The small profile's L(k) model is seq2seq: train_pvi's "Generate final answer:" task, so it must be trained.
+    seq2seq = ("models.info_gain.family=seq2seq", "pvi.info_gain_family=seq2seq")
     plain = trained_folder(tiny_models, tmp_path / "plain", None)
     with pytest.raises(ModelUnavailable) as err:
-        P.check_trained(make_settings(*trained, f"models.info_gain.path={plain}"))
+        P.check_trained(make_settings(*trained, *seq2seq, f"models.info_gain.path={plain}"))
     assert "models.info_gain" in str(err.value)
     assert "python -m jobs.training.train_pvi --set models.profile=small --set train_pvi.kind=info_gain" in str(err.value)
     info_gain = trained_folder(tiny_models, tmp_path / "info_gain", "info_gain")
-    P.check_trained(make_settings(*trained, f"models.info_gain.path={info_gain}"))
-    # A causal L(k) model is a plain LM, as in the official code (the paper profile's GPT-2 XL): not checked.
+    P.check_trained(make_settings(*trained, *seq2seq, f"models.info_gain.path={info_gain}"))
+    # A causal L(k) model is a plain LM, as in the official code (the paper profile's GPT-2 XL, the small
+    # profile's gemma3-270m): not checked.
     P.check_trained(make_settings(*trained, f"models.info_gain.path={tiny_models['tiny-gpt2']}",
                                   "models.info_gain.family=causal", "pvi.info_gain_family=causal"))
