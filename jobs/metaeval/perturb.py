@@ -6,7 +6,7 @@ HALL  its conclusion becomes a task_2 distractor sentence that is not in the tre
 NEG   its conclusion is negated (udfs.negation, spaCy rules);
 SWAP  one of its parents and its child trade places; later references to the child point to that parent;
 REP   it concludes a copy node, and a new step "so <child>." follows;
-PAR   the same with a paraphrase of the child (any seq2seq model, models.paraphrase);
+PAR   the same with a paraphrase of the child (models.paraphrase: a seq2seq model, or a causal chat model);
 RED   the same with a distractor sentence;
 REMOVE the step is dropped and its parents are passed to the steps that used its child.
 Fixed official bugs: the clean half is drawn without replacement, so exactly floor(n * clean_fraction)
@@ -241,7 +241,9 @@ def build(kind: str, rows: list[dict[str, Any]], task2: list[dict[str, Any]], id
 
 
 class Paraphraser:
-    """Memoised batched paraphrasing with the configured seq2seq model (beam search: deterministic)."""
+    """Memoised batched paraphrasing with the configured model (beam search: deterministic): a seq2seq model
+    given `perturb.paraphrase_prefix` + the sentence, or an instruction-tuned causal chat model given
+    `perturb.paraphrase_instruction` through its chat template."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -260,17 +262,31 @@ class Paraphraser:
 
         ref, cfg, rt = self.settings.models.paraphrase, self.settings.perturb, self.settings.runtime
         device = runtime.task_device(rt.device)
-        model, tokenizer = runtime.load_model(ref.path, "seq2seq", device, rt.dtype, ref.revision)
+        causal = ref.family == "causal"
+        model, tokenizer = runtime.load_model(ref.path, "causal" if causal else "seq2seq", device, rt.dtype,
+                                              ref.revision)
         beams = cfg.paraphrase_num_beams
         out: dict[str, list[str]] = {}
         with torch.inference_mode():
             for start in range(0, len(sentences), rt.batch_size):
                 chunk = sentences[start : start + rt.batch_size]
-                enc = tokenizer([cfg.paraphrase_prefix + s for s in chunk], return_tensors="pt", padding=True,
-                                truncation=True, max_length=rt.max_length).to(device)
+                if causal:
+                    prompts = [tokenizer.apply_chat_template(
+                        [{"role": "user", "content": cfg.paraphrase_instruction.format(sentence=s)}],
+                        tokenize=False, add_generation_prompt=True) for s in chunk]
+                    tokenizer.padding_side = "left"  # generation continues every row from its own last token
+                    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+                else:
+                    enc = tokenizer([cfg.paraphrase_prefix + s for s in chunk], return_tensors="pt", padding=True,
+                                    truncation=True, max_length=rt.max_length).to(device)
                 gen = model.generate(**enc, max_new_tokens=cfg.paraphrase_max_new_tokens, num_beams=beams,
-                                     num_return_sequences=beams, do_sample=False)
+                                     num_return_sequences=beams, do_sample=False,
+                                     pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+                if causal:  # the reply only, its first line (a chat model may add a note after it)
+                    gen = gen[:, enc["input_ids"].shape[1] :]
                 texts = tokenizer.batch_decode(gen, skip_special_tokens=True)
+                if causal:
+                    texts = [(t.strip().splitlines() or [""])[0].strip().strip('"') for t in texts]
                 for j, sentence in enumerate(chunk):
                     out[sentence] = [t.strip().rstrip(".").strip() for t in texts[j * beams : (j + 1) * beams]]
         return out
@@ -303,6 +319,13 @@ def resources(settings: Settings, kinds: Sequence[str]) -> tuple[Resources, dict
             if ref is None:
                 raise runtime.ModelUnavailable("models.paraphrase is not set")
             runtime.check_available(ref.path, "paraphrase")
+            if ref.family == "causal":
+                from transformers import AutoTokenizer
+
+                if not AutoTokenizer.from_pretrained(runtime.resolve_model_path(ref.path)).chat_template:
+                    raise runtime.ModelUnavailable(
+                        f"models.paraphrase {ref.path!r} is a causal LM without a chat template: a causal "
+                        "paraphraser must be an instruction-tuned chat model")
             paraphrase = Paraphraser(settings)
         except runtime.ModelUnavailable as err:
             skipped["PAR"] = f"not produced: {err}"

@@ -26,7 +26,13 @@ class PerturbSettings(Section):
     min_steps: int = Field(2, ge=1)  # official: proof.count(';') > 1
     max_rows: int | None = None  # first N kept trees (tests, smoke runs)
     dataset_prefix: str = "eb_challenge"
-    paraphrase_prefix: str = "paraphrase: "
+    paraphrase_prefix: str = "paraphrase: "  # a seq2seq paraphraser's input is this prefix + the sentence
+    # A causal paraphraser (models.paraphrase family causal) must be an instruction-tuned chat model: its input is
+    # this message ({sentence} filled in) through the tokenizer's own chat template, and its first reply line is
+    # the paraphrase (e.g. registry:qwen2.5-coder-0.5b-instruct).
+    paraphrase_instruction: str = (
+        "Paraphrase this sentence. Keep its meaning and reply with the paraphrase only.\n\n{sentence}"
+    )
     paraphrase_max_new_tokens: int = Field(48, ge=1)
     paraphrase_num_beams: int = Field(4, ge=1)  # return sequences too: the first that differs is used
     # Give each chain the tree's own units (premises = a step's fresh parents, conclusion = its child) as

@@ -168,6 +168,57 @@ def test_build_par_with_tiny_t5(eb, tiny_models, make_settings):
         assert detail["new_text"] in res.paraphrase([detail["old_text"]])[detail["old_text"]]
 
 
+def test_build_par_with_a_causal_chat_model(eb, tiny_models, make_settings, tmp_path):
+    """A causal paraphraser is an instruction-tuned chat model: its prompt is the instruction through the
+    tokenizer's own chat template, its reply (the new tokens only, first line) is the paraphrase. A causal LM
+    without a chat template is not a paraphraser: PAR is reported as not produced, naming why."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    plain = tiny_models["tiny-gpt2"]
+    _, skipped = P.resources(make_settings(f"models.paraphrase.path={plain}", "models.paraphrase.family=causal"),
+                             ["PAR"])
+    assert skipped["PAR"].startswith("not produced") and "chat template" in skipped["PAR"]
+
+    chat = tmp_path / "tiny-chat"
+    shutil.copytree(plain, chat)
+    tok = AutoTokenizer.from_pretrained(chat)
+    tok.chat_template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>"
+    tok.save_pretrained(chat)
+    settings = make_settings(f"models.paraphrase.path={chat}", "models.paraphrase.family=causal",
+                             "perturb.paraphrase_max_new_tokens=6", "perturb.paraphrase_num_beams=2",
+                             "perturb.paraphrase_instruction=Say it again: {sentence}")
+    res, skipped = P.resources(settings, ["PAR"])
+    assert skipped == {}
+    rows, task2, ids = _sub(eb, 6)
+    records = P.build("PAR", rows, task2, ids, settings.perturb, res)
+    perturbed = [r for r in records if r[C.LABELS]["PAR"] == 0.0]
+    for r in perturbed:
+        detail = json.loads(r[C.METADATA]["perturbation_detail"])
+        # the reply only: neither the instruction nor the template's markers come back as the paraphrase
+        assert "Say it again" not in detail["new_text"] and "<|assistant|>" not in detail["new_text"]
+        assert detail["new_text"] in res.paraphrase([detail["old_text"]])[detail["old_text"]]
+    # an independent computation for one sentence: the template around the filled-in instruction, greedy-beam
+    # generation, the new tokens decoded, first line, trailing period dropped
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    assert perturbed
+    old = json.loads(perturbed[0][C.METADATA]["perturbation_detail"])["old_text"]
+    prompt = tok.apply_chat_template([{"role": "user", "content": f"Say it again: {old}"}], tokenize=False,
+                                     add_generation_prompt=True)
+    assert prompt == f"<|user|>Say it again: {old}\n<|assistant|>"
+    model = AutoModelForCausalLM.from_pretrained(chat, use_safetensors=True).eval()
+    enc = tok(prompt, return_tensors="pt", add_special_tokens=False)
+    with torch.inference_mode():
+        gen = model.generate(**enc, max_new_tokens=6, num_beams=2, num_return_sequences=2, do_sample=False,
+                             pad_token_id=tok.eos_token_id)
+    replies = [(t.strip().splitlines() or [""])[0].strip().strip('"').strip().rstrip(".").strip()
+               for t in tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)]
+    assert res.paraphrase([old])[old] == replies
+
+
 def test_resources_without_paraphrase_model(make_settings):
     _, skipped = P.resources(make_settings("models.paraphrase.path=/nonexistent/model"), ["PAR"])
     assert skipped["PAR"].startswith("not produced")
