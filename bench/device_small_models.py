@@ -78,29 +78,23 @@ def _stub_spark(always: bool) -> None:
         sys.meta_path.append(_StubFinder(always))
 
 
-def _widen(src: Path, dst: Path) -> None:
-    """The carried fp16 encoder folder -> an fp32 one (same tensors, same names, other files copied)."""
+def _cast(src: Path, dst: Path, dtype: str) -> None:
+    """A model folder's floating-point weights -> `dtype` in `dst` (same tensors, same names; the other files
+    copied when `dst` is another folder): fp32 -> fp16 for the return trip (64 MiB of files at most), the
+    carried fp16 encoder -> fp32 before training."""
     import shutil
 
     import torch
     from safetensors.torch import load_file, save_file
 
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.is_file() and f.name != "model.safetensors":
-            shutil.copy(f, dst / f.name)
-    tensors = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in load_file(src / "model.safetensors").items()}
+    if dst != src:
+        dst.mkdir(parents=True, exist_ok=True)
+        for f in src.iterdir():
+            if f.is_file() and f.name != "model.safetensors":
+                shutil.copy(f, dst / f.name)
+    to = getattr(torch, dtype)
+    tensors = {k: v.to(to) if v.is_floating_point() else v for k, v in load_file(src / "model.safetensors").items()}
     save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
-
-
-def _narrow(folder: Path) -> None:
-    """A trained folder's weights -> fp16 in place, for the return trip (64 MiB of files at most)."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    path = folder / "model.safetensors"
-    tensors = {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in load_file(path).items()}
-    save_file(tensors, path, metadata={"format": "pt"})
 
 
 NLI_RECIPES = {
@@ -146,7 +140,7 @@ def main() -> None:
         (a.out / "results.json").write_text(json.dumps(results, indent=1))
 
     base = a.work / "minilm-fp32"
-    _widen(a.carry / "minilm", base)
+    _cast(a.carry / "minilm", base, "float32")
     data = str((a.carry / "data").resolve())
     smoke = ["train_nli.max_steps=3", "train_nli.eval_batch_size=256"] if a.smoke else []
     pvi_smoke = ["train_pvi.max_steps=3", "train_pvi.max_train_rows=64", "train_pvi.max_dev_rows=16",
@@ -187,7 +181,7 @@ def main() -> None:
 
     # As `make models` runs them (Makefile): g' selects on dev loss, the information-gain model runs 5 epochs.
     nli(RETURNED_NLI)
-    _narrow(a.work / f"nli-{RETURNED_NLI}")
+    _cast(a.work / f"nli-{RETURNED_NLI}", a.work / f"nli-{RETURNED_NLI}", "float16")
     ship(a.work / f"nli-{RETURNED_NLI}", "nli-small")
     for kind, extra in (("g", []), ("g_null", ["train_pvi.select_on=loss"]), ("info_gain", ["train_pvi.epochs=5"])):
         pvi(kind, extra)

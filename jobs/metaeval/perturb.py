@@ -274,8 +274,10 @@ class Paraphraser:
                     prompts = [tokenizer.apply_chat_template(
                         [{"role": "user", "content": cfg.paraphrase_instruction.format(sentence=s)}],
                         tokenize=False, add_generation_prompt=True) for s in chunk]
-                    tokenizer.padding_side = "left"  # generation continues every row from its own last token
-                    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+                    # Left padding: generation continues every row from its own last token. Per call, so the
+                    # worker's cached tokenizer keeps its own side for the other jobs that share it.
+                    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
+                                    add_special_tokens=False).to(device)
                 else:
                     enc = tokenizer([cfg.paraphrase_prefix + s for s in chunk], return_tensors="pt", padding=True,
                                     truncation=True, max_length=rt.max_length).to(device)
@@ -283,10 +285,10 @@ class Paraphraser:
                                      num_return_sequences=beams, do_sample=False,
                                      pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
                 if causal:  # the reply only, its first line (a chat model may add a note after it)
-                    gen = gen[:, enc["input_ids"].shape[1] :]
-                texts = tokenizer.batch_decode(gen, skip_special_tokens=True)
-                if causal:
-                    texts = [(t.strip().splitlines() or [""])[0].strip().strip('"') for t in texts]
+                    replies = tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+                    texts = [(t.strip().splitlines() or [""])[0].strip().strip('"') for t in replies]
+                else:
+                    texts = tokenizer.batch_decode(gen, skip_special_tokens=True)
                 for j, sentence in enumerate(chunk):
                     out[sentence] = [t.strip().rstrip(".").strip() for t in texts[j * beams : (j + 1) * beams]]
         return out

@@ -153,19 +153,26 @@ def test_build_remove(eb, res):
             assert texts[p] in _premise(steps[user - 1])
 
 
-def test_build_par_with_tiny_t5(eb, tiny_models, make_settings):
-    settings = make_settings(f"models.paraphrase.path={tiny_models['tiny-t5']}", "perturb.paraphrase_max_new_tokens=8",
-                             "perturb.paraphrase_num_beams=2")
+def _par_details(eb, settings) -> tuple[P.Resources, list[dict]]:
+    """PAR on 6 trees with the configured paraphraser: (its resources, each perturbed chain's detail), after
+    checking that the paraphraser loaded and that every new sentence is one of its paraphrases of the old."""
     res, skipped = P.resources(settings, ["PAR"])
     assert skipped == {}
     rows, task2, ids = _sub(eb, 6)
     records = P.build("PAR", rows, task2, ids, settings.perturb, res)
-    perturbed = [r for r in records if r[C.LABELS]["PAR"] == 0.0]
-    assert len(perturbed) == 3
-    for r in perturbed:
-        detail = json.loads(r[C.METADATA]["perturbation_detail"])
-        assert detail["new_text"].strip() and detail["new_text"] != detail["old_text"]
+    details = [json.loads(r[C.METADATA]["perturbation_detail"]) for r in records if r[C.LABELS]["PAR"] == 0.0]
+    for detail in details:
         assert detail["new_text"] in res.paraphrase([detail["old_text"]])[detail["old_text"]]
+    return res, details
+
+
+def test_build_par_with_tiny_t5(eb, tiny_models, make_settings):
+    settings = make_settings(f"models.paraphrase.path={tiny_models['tiny-t5']}", "perturb.paraphrase_max_new_tokens=8",
+                             "perturb.paraphrase_num_beams=2")
+    _, details = _par_details(eb, settings)
+    assert len(details) == 3
+    for detail in details:
+        assert detail["new_text"].strip() and detail["new_text"] != detail["old_text"]
 
 
 def test_build_par_with_a_causal_chat_model(eb, tiny_models, make_settings, tmp_path):
@@ -189,23 +196,17 @@ def test_build_par_with_a_causal_chat_model(eb, tiny_models, make_settings, tmp_
     settings = make_settings(f"models.paraphrase.path={chat}", "models.paraphrase.family=causal",
                              "perturb.paraphrase_max_new_tokens=6", "perturb.paraphrase_num_beams=2",
                              "perturb.paraphrase_instruction=Say it again: {sentence}")
-    res, skipped = P.resources(settings, ["PAR"])
-    assert skipped == {}
-    rows, task2, ids = _sub(eb, 6)
-    records = P.build("PAR", rows, task2, ids, settings.perturb, res)
-    perturbed = [r for r in records if r[C.LABELS]["PAR"] == 0.0]
-    for r in perturbed:
-        detail = json.loads(r[C.METADATA]["perturbation_detail"])
+    res, details = _par_details(eb, settings)
+    for detail in details:
         # the reply only: neither the instruction nor the template's markers come back as the paraphrase
         assert "Say it again" not in detail["new_text"] and "<|assistant|>" not in detail["new_text"]
-        assert detail["new_text"] in res.paraphrase([detail["old_text"]])[detail["old_text"]]
     # an independent computation for one sentence: the template around the filled-in instruction, greedy-beam
     # generation, the new tokens decoded, first line, trailing period dropped
     import torch
     from transformers import AutoModelForCausalLM
 
-    assert perturbed
-    old = json.loads(perturbed[0][C.METADATA]["perturbation_detail"])["old_text"]
+    assert details
+    old = details[0]["old_text"]
     prompt = tok.apply_chat_template([{"role": "user", "content": f"Say it again: {old}"}], tokenize=False,
                                      add_generation_prompt=True)
     assert prompt == f"<|user|>Say it again: {old}\n<|assistant|>"
