@@ -608,12 +608,10 @@ def small_built(root: str | os.PathLike[str] = PROJECT_ROOT) -> bool:
     """True once `make models` has built every model of the small profile: the NLI model (train_nli.json marks
     a finished run), g and g' (train_pvi.json in each kind's folder) and the information-gain model, fetched by
     name (model_record.json marks a finished fetch)."""
-    nli = Path(root) / SMALL_NLI
-    pvi = [Path(root) / SMALL_PVI / kind for kind in ("g", "g_null")]
-    gain = Path(root) / SMALL_INFO_GAIN
-    return ((nli / "config.json").exists() and (nli / "train_nli.json").exists()
-            and all((p / "config.json").exists() and (p / "train_pvi.json").exists() for p in pvi)
-            and (gain / "config.json").exists() and (gain / "model_record.json").exists())
+    root = Path(root)
+    folders = {root / SMALL_NLI: "train_nli.json", root / SMALL_PVI / "g": "train_pvi.json",
+               root / SMALL_PVI / "g_null": "train_pvi.json", root / SMALL_INFO_GAIN: "model_record.json"}
+    return all((folder / "config.json").exists() and (folder / record).exists() for folder, record in folders.items())
 
 
 def with_built_models(argv: Sequence[str], environ: Mapping[str, str] | None = None,
