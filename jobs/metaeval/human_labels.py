@@ -200,6 +200,10 @@ def load(cfg: HumanLabelSettings) -> list[dict[str, Any]]:
 
 
 def load_with_step_labels(cfg: HumanLabelSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    for field, value in (("annotated", cfg.annotated), ("generated", cfg.generated)):
+        if not resolve_path(value).exists():  # a fresh clone has no datasets until fetched
+            raise FileNotFoundError(f"human_labels.{field}: {resolve_path(value)} is missing; fetch it with "
+                                    "`python -m jobs.infra.data fetch roscoe_gsm8k` (or make data)")  # fmt: skip
     annotated = pd.read_csv(resolve_path(cfg.annotated))
     if cfg.max_rows is not None:
         annotated = annotated.head(cfg.max_rows)

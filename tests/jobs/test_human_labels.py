@@ -92,6 +92,12 @@ def test_adapt_rejects_unknown_answer(tmp_path):
         H.adapt(annotated, generated, cfg)
 
 
+def test_load_names_the_dataset_to_fetch_when_its_files_are_missing(tmp_path):
+    cfg = HumanLabelSettings(annotated=str(tmp_path / "absent.csv"), generated=str(tmp_path / "absent.jsonl"))
+    with pytest.raises(FileNotFoundError, match=r"human_labels.annotated: .*absent.csv is missing.*fetch roscoe_gsm8k"):
+        H.load(cfg)
+
+
 def test_run_inserts_once(spark, make_settings, tmp_path):
     cfg, annotated, generated = _synthetic(tmp_path)
     annotated.to_csv(cfg.annotated, index=False)
