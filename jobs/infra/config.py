@@ -168,6 +168,8 @@ class RuntimeSettings(Section):
     # in bench/RESULTS.md); on a GPU raise it (e.g. 65536) so batches stay full.
     max_batch_tokens: int | None = Field(2048, ge=1)
     max_length: int = Field(512, ge=8)
+    # None: PySpark's OMP_NUM_THREADS, one thread per task cpu. More than cores / tasks oversubscribes: 2 threads
+    # in each of local[2]'s tasks on 2 cores scored the EB-challenge 2.1x slower (docs/META_EVAL.md).
     torch_threads: int | None = None
     trust_remote_code: bool = False
     # fail: a row whose scoring raises fails the job; quarantine: it goes to `quarantine`.

@@ -1,6 +1,6 @@
 """The `small` profile on the sample lake: the trained NLI model (make models) gives chains different correctness
 scores, where the random models give every chain ~0.3306. Manual: it needs models/nli-small, which CI does not
-build (about 75 min on 2 cores); one pipeline run (~20 min on a busy 2-core machine) is shared by the tests."""
+build (42 min on a fresh 2-core clone); one pipeline run (~20 min on a busy 2-core machine) is shared by the tests."""
 
 from __future__ import annotations
 
