@@ -642,5 +642,5 @@ def random_models_note(settings: Settings) -> str | None:
     if settings.models.profile != "offline" or Path(settings.models.nli.path).name != "tiny-nli":
         return None
     return ("NOTE: these scores come from tiny RANDOM models (models.profile=offline) and mean nothing. Build the "
-            "`small` profile's real models (NLI, PVI) with `make models` (about 50 min projected on 2 cores, README); "
+            "`small` profile's real models (NLI, PVI) with `make models` (42 min on a fresh 2-core clone, README); "
             "`make run` then uses them.")

@@ -269,7 +269,7 @@ def eb_chains(path: Path, limit: int | None = None) -> list[Chain]:
     return chains
 
 
-# The trained model of the `small` profile (models/nli-small, `make models`: ~75 min, so CI has none) runs the same
+# The trained model of the `small` profile (models/nli-small, `make models`: 42 min, so CI has none) runs the same
 # checks by hand (make test-manual): a real 22M-parameter cross-encoder through the same UDF path (issue #16).
 SMALL_NLI_PARAM = pytest.param(
     "small", id="small-trained",
