@@ -340,6 +340,16 @@ def resolve_path(path: str | os.PathLike[str], data: str | os.PathLike[str] | No
     return p if p.is_absolute() else PROJECT_ROOT / p
 
 
+def dataset_file(path: str | os.PathLike[str], setting: str, dataset: str) -> Path:
+    """resolve_path(path), or a FileNotFoundError that names the setting and the dataset to fetch: a fresh clone
+    has no datasets until `python -m jobs.infra.data fetch` lays them out."""
+    resolved = resolve_path(path)
+    if not resolved.exists():
+        raise FileNotFoundError(f"{setting}: {resolved} is missing; fetch it with "
+                                f"`python -m jobs.infra.data fetch {dataset}` (or make data)")  # fmt: skip
+    return resolved
+
+
 def _with_data_folder(model: BaseModel, data: str) -> BaseModel:
     """The model with every ${paths.data} prefix in its (nested) string fields replaced by `data`."""
     updates: dict[str, Any] = {}

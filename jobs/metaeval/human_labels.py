@@ -25,7 +25,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs.infra import tables
-from jobs.infra.config import Settings, resolve_path
+from jobs.infra.config import Settings, dataset_file
 from jobs.infra.stage import Job, Stage
 from jobs.metaeval.settings import HumanLabelSettings
 from schemas import chains as C
@@ -200,14 +200,12 @@ def load(cfg: HumanLabelSettings) -> list[dict[str, Any]]:
 
 
 def load_with_step_labels(cfg: HumanLabelSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    for field, value in (("annotated", cfg.annotated), ("generated", cfg.generated)):
-        if not resolve_path(value).exists():  # a fresh clone has no datasets until fetched
-            raise FileNotFoundError(f"human_labels.{field}: {resolve_path(value)} is missing; fetch it with "
-                                    "`python -m jobs.infra.data fetch roscoe_gsm8k` (or make data)")  # fmt: skip
-    annotated = pd.read_csv(resolve_path(cfg.annotated))
+    annotated_path = dataset_file(cfg.annotated, "human_labels.annotated", "roscoe_gsm8k")
+    generated_path = dataset_file(cfg.generated, "human_labels.generated", "roscoe_gsm8k")
+    annotated = pd.read_csv(annotated_path)
     if cfg.max_rows is not None:
         annotated = annotated.head(cfg.max_rows)
-    with resolve_path(cfg.generated).open(encoding="utf-8") as f:
+    with generated_path.open(encoding="utf-8") as f:
         generated = [json.loads(line) for line in f if line.strip()]
     return adapt_with_step_labels(annotated, generated, cfg)
 

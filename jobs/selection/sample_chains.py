@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.infra import tables
-from jobs.infra.config import RuntimeSettings, Settings, resolve_path
+from jobs.infra.config import RuntimeSettings, Settings, dataset_file, resolve_path
 from jobs.infra.stage import Job, Stage
 from jobs.selection.settings import SampleSettings
 from schemas import chains as C
@@ -55,10 +55,7 @@ def output_folder(settings: Settings) -> str:
 def read_questions(cfg: SampleSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(questions, rejects): every line of the questions file, as {question_id, context, gold_answer, prompt} or
     as a reject {reason, detail, raw}."""
-    path = resolve_path(cfg.questions_path)
-    if not path.exists():
-        raise FileNotFoundError(f"sample.questions_path: {path} is missing; fetch it with "
-                                "`python -m jobs.infra.data fetch roscoe_gsm8k` (or make data)")  # fmt: skip
+    path = dataset_file(cfg.questions_path, "sample.questions_path", "roscoe_gsm8k")
     good, bad = [], []
     with path.open(encoding="utf-8") as f:
         for n, line in enumerate(f):

@@ -38,6 +38,12 @@ def _chains(folder: str) -> list[dict]:
     return sorted(rows, key=lambda r: r["chain_id"])
 
 
+def test_read_questions_names_the_dataset_to_fetch_when_the_file_is_missing(tmp_path, make_settings):
+    cfg = make_settings(f"sample.questions_path={tmp_path / 'absent.jsonl'}").sample
+    with pytest.raises(FileNotFoundError, match=r"sample.questions_path: .*absent.jsonl is missing.*fetch roscoe_gsm8k"):
+        SC.read_questions(cfg)
+
+
 def test_read_questions_and_seeded_choice(tmp_path, make_settings):
     cfg = make_settings(f"sample.questions_path={_questions(tmp_path)}", "sample.questions=2", "sample.seed=3").sample
     good, bad = SC.read_questions(cfg)
