@@ -86,6 +86,9 @@ def test_progress_shows_finished_tasks_of_a_batch_before_its_counted_frame_finis
         stop.set()
         sampler.join()
         during = {tasks for _, tasks in seen}
+        # The status tracker learns of a task's end through Spark's asynchronous listener bus: count() can return
+        # before the last task's event is processed (a loaded machine read 8 of the 9 tasks). Drain it first.
+        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
         final_tasks = progress.tasks_finished
         progress.commit(3)
     # The batch's tasks: range's 2, the 6 model tasks (two at a time), the counted one after the shuffle.
