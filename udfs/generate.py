@@ -1,11 +1,17 @@
 """Batched text generation for causal and seq2seq LMs (plain torch / transformers; Spark UDF at the end).
 
-- Decoder-only prompts are left-padded so every row's next token sits in the last column; prompts longer
-  than the room left for `max_new_tokens` are cut from the left (flagged `truncated`).
+- Prompts from many questions share a batch: sorted by length (longest first) and cut into batches of at most
+  `batch_size` rows and `max_tokens` positions (rows x (longest prompt + max_new_tokens)), the KV cache held by
+  `model.generate`. Decoder-only prompts are left-padded so every row's next token sits in the last column;
+  prompts longer than the room left for `max_new_tokens` (in `max_length` and in the model's own context) are
+  cut from the left and flagged `truncated`.
 - `min_new_tokens` keeps EOS away until that many tokens exist (the CoT Collection's >= 8-token rationale).
-- `stop_strings` end a row once its new text contains one of them, but never before `min_new_tokens`.
-- Greedy by default; sampling (`do_sample`) is seeded from the seed and the batch's prompts, so a rerun over
-  the same batches draws the same text.
+- A row ends at any of the model's end tokens (`stop_token_ids`: the generation config's, the tokenizer's, and a
+  chat model's end-of-turn token) or, never before `min_new_tokens`, once its new text holds a stop string.
+- Greedy by default. Sampling draws every row from its own generator, seeded from (seed, prompt, sample index):
+  a row's text depends on its prompt and seed only, not on which rows share its batch, so the same seed and data
+  give the same chains on any partitioning and batch size (up to float noise in the logits). Greedy rows and
+  sampled rows can share one batch (`samples`).
 """
 
 from __future__ import annotations
@@ -18,8 +24,16 @@ from typing import Any
 import pandas as pd
 import torch
 
-from udfs.loglik import pad_id
+from udfs.loglik import pad_id, position_limit
 from udfs.model_udf import model_udf, narrowed
+from udfs.runtime import length_batches
+
+# End-of-turn tokens of common chat templates. Qwen2.5 ends an assistant turn with <|im_end|> and its base text
+# with <|endoftext|>, and its generation config lists only one of them; Gemma ends a turn with <end_of_turn>.
+END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|end|>")
+# Nucleus sampling looks at the top TOP_P_WINDOW tokens first and sorts the whole vocabulary only for a row whose
+# nucleus is wider: the same draw as a full sort, without sorting 152k logits per row and step.
+TOP_P_WINDOW = 256
 
 
 @dataclass(frozen=True)
@@ -34,16 +48,87 @@ class _StopAfter:
 
     def __init__(self, tokenizer: Any, stops: Sequence[str], start: int, min_new: int) -> None:
         self.tokenizer, self.stops, self.start, self.min_new = tokenizer, list(stops), start, min_new
+        self.done: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kwargs: Any) -> torch.Tensor:
         new = input_ids[:, self.start :]
-        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        if self.done is None:
+            self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         if new.shape[1] < self.min_new:
-            return done
-        texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
-        for i, text in enumerate(texts):
-            done[i] = any(s in text for s in self.stops)
-        return done
+            return self.done.clone()
+        for i in (~self.done).nonzero().flatten().tolist():  # rows already stopped are not decoded again
+            text = self.tokenizer.decode(new[i], skip_special_tokens=True)
+            self.done[i] = any(s in text for s in self.stops)
+        return self.done.clone()
+
+
+class RowSampler:
+    """Logits processor that samples each row from its own torch.Generator (None: the row stays greedy).
+
+    It runs after transformers' own processors (no-repeat-ngram, min-new-tokens) with do_sample=False, and
+    returns logits that are -inf everywhere but the drawn token, so generate's argmax takes the draw. Temperature,
+    then top-k, then top-p, as transformers' warpers apply them.
+    """
+
+    def __init__(self, generators: Sequence[torch.Generator | None], temperature: float = 1.0, top_p: float = 1.0,
+                 top_k: int | None = None) -> None:  # fmt: skip
+        self.generators, self.temperature, self.top_p, self.top_k = list(generators), temperature, top_p, top_k
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        out = scores.clone()
+        for row, gen in enumerate(self.generators):
+            if gen is None:
+                continue
+            pick = draw_token(scores[row].float(), gen, self.temperature, self.top_p, self.top_k)
+            out[row].fill_(float("-inf"))
+            out[row, pick] = 0.0
+        return out
+
+
+def draw_token(logits: torch.Tensor, gen: torch.Generator, temperature: float = 1.0, top_p: float = 1.0,
+               top_k: int | None = None) -> int:  # fmt: skip
+    """One token drawn from softmax(logits / temperature), restricted to the top-k, then to the top-p nucleus
+    (the most likely tokens while the mass before them is below top_p; the first always stays)."""
+    logits = logits / temperature
+    ids = None
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        logits, ids = torch.topk(logits, top_k)  # sorted, most likely first
+    probs = torch.softmax(logits, -1)
+    if top_p < 1.0:
+        if ids is not None:
+            order = torch.arange(probs.shape[-1])
+        else:
+            window, order = torch.topk(probs, min(TOP_P_WINDOW, probs.shape[-1]))
+            if float(window.sum()) < top_p:  # the nucleus is wider than the window: sort everything
+                order = torch.argsort(probs, descending=True)
+        ranked = probs[order]
+        before = torch.cumsum(ranked, -1) - ranked
+        ranked = torch.where(before < top_p, ranked, torch.zeros_like(ranked))
+        pick = order[torch.multinomial(ranked / ranked.sum(), 1, generator=gen)]
+    else:
+        pick = torch.multinomial(probs, 1, generator=gen)
+    return int(ids[pick] if ids is not None else pick)
+
+
+def row_seed(seed: int, prompt: str, sample: int) -> int:
+    """The generator seed of one sampled row: its prompt, its sample index and the configured seed."""
+    return (seed * 1_000_003 + zlib.crc32(f"{sample}\x1e{prompt}".encode())) % (2**63)
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Every token that ends a row: the generation config's EOS (one or a list), the tokenizer's, and the
+    end-of-turn tokens of END_OF_TURN the tokenizer knows as special tokens."""
+    found: list[int] = []
+    for value in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        found += value if isinstance(value, list) else [value] if value is not None else []
+    special = set(getattr(tokenizer, "all_special_tokens", []) or []) | set(
+        getattr(tokenizer, "added_tokens_encoder", {}) or {})  # fmt: skip
+    for token in END_OF_TURN:
+        if token in special:
+            tid = tokenizer.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid != getattr(tokenizer, "unk_token_id", None):
+                found.append(tid)
+    return list(dict.fromkeys(int(t) for t in found))
 
 
 def _prompt_ids(tokenizer: Any, family: str, prompts: Sequence[str], room: int) -> tuple[list[list[int]], list[bool]]:
@@ -58,8 +143,12 @@ def _prompt_ids(tokenizer: Any, family: str, prompts: Sequence[str], room: int) 
     return out, cut
 
 
-def _seed_for(seed: int, prompts: Sequence[str]) -> int:
-    return (seed * 1_000_003 + zlib.crc32("\x1e".join(prompts).encode())) % (2**31)
+def prompt_room(model: Any, tokenizer: Any, family: str, max_length: int, max_new_tokens: int) -> int:
+    """Tokens a prompt may keep: a causal LM's prompt and new tokens share `max_length` and the model's own
+    context (position embeddings); an encoder has `max_length` (and its own limit) to itself."""
+    limit = position_limit(model, tokenizer) if family == "causal" else None
+    window = min(max_length, limit) if limit else max_length
+    return max(1, window - max_new_tokens) if family == "causal" else max_length
 
 
 @torch.inference_mode()
@@ -80,32 +169,38 @@ def generate(
     device: str = "cpu",
     no_repeat_ngram_size: int = 0,
     clean_up_spaces: bool | None = None,
+    max_tokens: int | None = None,
+    samples: Sequence[int | None] | None = None,
+    top_k: int | None = None,
 ) -> list[Generation]:
     """New text for every prompt, in input order (batches are formed by length, then put back).
 
+    `max_tokens` caps a batch's positions, rows x (longest prompt + max_new_tokens) (None: `batch_size` only).
+    `samples` gives each row its sample index (None: that row is greedy); without it every row is sampled as
+    sample 0 when `do_sample`, else greedy. The k samples of a question are k rows with the same prompt and
+    indices 0..k-1, in any batch.
     `no_repeat_ngram_size` bans repeating any n-gram (the CoT Collection uses 3; transformers counts the decoder's
     sequence, which for a causal LM includes the prompt);
     `clean_up_spaces` is passed to decode as clean_up_tokenization_spaces (None: the tokenizer's default; the
     official CoT evaluation decodes with True).
     """
-    from transformers import GenerationConfig, StoppingCriteriaList
+    from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
     if family not in ("causal", "seq2seq"):
         raise ValueError(f"family must be causal or seq2seq, got {family!r}")
-    # A causal LM's prompt and new tokens share the context window; an encoder has it to itself.
-    room = max(1, max_length - max_new_tokens) if family == "causal" else max_length
-    ids, cut = _prompt_ids(tokenizer, family, prompts, room)
+    if samples is not None and len(samples) != len(prompts):
+        raise ValueError(f"{len(samples)} sample indices for {len(prompts)} prompts")
+    ids, cut = _prompt_ids(tokenizer, family, prompts, prompt_room(model, tokenizer, family, max_length, max_new_tokens))
+    if samples is None:
+        samples = [0 if do_sample else None] * len(prompts)
     pad = pad_id(tokenizer)
-    eos = model.generation_config.eos_token_id
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    eos_ids = set(eos) if isinstance(eos, list) else {eos}
+    eos = stop_token_ids(model, tokenizer)
     config = GenerationConfig(
         max_new_tokens=max_new_tokens,
         min_new_tokens=min_new_tokens or None,
-        do_sample=do_sample,
-        top_p=top_p if do_sample else None,
-        temperature=temperature if do_sample else None,
+        do_sample=False,  # sampled rows draw in RowSampler, each from its own generator
+        top_p=None,
+        temperature=None,
         top_k=None,
         num_beams=1,
         no_repeat_ngram_size=no_repeat_ngram_size or None,
@@ -114,9 +209,8 @@ def generate(
         decoder_start_token_id=model.config.decoder_start_token_id if family == "seq2seq" else None,
     )
     results: list[Generation | None] = [None] * len(prompts)
-    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-    for start in range(0, len(order), batch_size):
-        group = order[start : start + batch_size]
+    new_len = max_new_tokens if family == "causal" else 0  # an encoder's rows do not grow
+    for group in length_batches([len(s) + new_len for s in ids], batch_size, max_tokens=max_tokens):
         width = max(len(ids[i]) for i in group)
         batch = torch.full((len(group), width), pad, dtype=torch.long)
         mask = torch.zeros((len(group), width), dtype=torch.long)
@@ -132,20 +226,24 @@ def generate(
         criteria = StoppingCriteriaList()
         if stop_strings:
             criteria.append(_StopAfter(tokenizer, stop_strings, new_start, min_new_tokens))
-        if do_sample:
-            torch.manual_seed(_seed_for(seed, [prompts[i] for i in group]))
+        processors = LogitsProcessorList()
+        gens = [None if samples[i] is None else torch.Generator().manual_seed(row_seed(seed, prompts[i], samples[i]))
+                for i in group]  # fmt: skip
+        if any(g is not None for g in gens):
+            processors.append(RowSampler(gens, temperature, top_p, top_k))
         out = model.generate(
             input_ids=batch.to(device),
             attention_mask=mask.to(device),
             generation_config=config,
             stopping_criteria=criteria,
+            logits_processor=processors,
         )
         new = out[:, new_start:].cpu()
         for b, i in enumerate(group):
             row = new[b].tolist()
             n = len(row)
-            for k, tok in enumerate(row):  # generation ends at the first EOS; pads follow it
-                if tok in eos_ids:
+            for k, tok in enumerate(row):  # generation ends at the first end token; pads follow it
+                if tok in eos:
                     n = k
                     break
             clean = {} if clean_up_spaces is None else {"clean_up_tokenization_spaces": clean_up_spaces}

@@ -2,10 +2,11 @@
 chain selection).
 
 Plain torch/transformers on top of `udfs.generate`; the Spark UDF is at the end.
-- The k samples of a question are one batch of k copies of its prompt, seeded from (seed, prompt) by
-  `generate`: no padding, and the draw does not depend on which other questions share a Spark batch, so the
-  same settings give the same chains on any partitioning.
-- The greedy decode (do_sample=False) is separate and never one of the k candidates.
+- The k samples and the greedy decode of every question go to `generate` as rows of one call: rows of many
+  questions share a batch (sorted by length, up to a row count and a token budget). Each sampled row draws from
+  its own generator, seeded from (seed, prompt, sample index), so a chain does not depend on which rows share
+  its batch and the same settings give the same chains on any partitioning.
+- The greedy decode is a greedy row and never one of the k candidates.
 """
 
 from __future__ import annotations
@@ -51,17 +52,16 @@ def gold_answer(solution: str | None, marker: str) -> str | None:
 
 
 def draw(model: Any, tokenizer: Any, family: str, prompts: Sequence[str], k: int, temperature: float,
-         top_p: float, seed: int, max_new_tokens: int, max_length: int = 512, greedy_batch_size: int = 1,
-         device: str = "cpu") -> list[Drawn]:
-    """For each prompt: k seeded samples (one batch of k copies) and its greedy decode."""
-    common = dict(max_new_tokens=max_new_tokens, max_length=max_length, device=device)
-    greedy = generate(model, tokenizer, family, prompts, do_sample=False, batch_size=greedy_batch_size, **common)
-    out = []
-    for prompt, best in zip(prompts, greedy, strict=True):
-        samples = generate(model, tokenizer, family, [prompt] * k, do_sample=True, temperature=temperature,
-                           top_p=top_p, seed=seed, batch_size=k, **common)  # fmt: skip
-        out.append(Drawn(samples, best))
-    return out
+         top_p: float, seed: int, max_new_tokens: int, max_length: int = 512, batch_size: int = 64,
+         max_tokens: int | None = None, top_k: int | None = None, device: str = "cpu") -> list[Drawn]:
+    """For each prompt: k seeded samples and its greedy decode, all (prompts x (k + 1) rows) in one `generate`
+    call, so rows of many questions fill each batch (`batch_size`, `max_tokens`)."""
+    rows = [p for p in prompts for _ in range(k + 1)]
+    samples: list[int | None] = [None if j == k else j for _ in prompts for j in range(k + 1)]  # greedy last
+    out = generate(model, tokenizer, family, rows, samples=samples, temperature=temperature, top_p=top_p, seed=seed,
+                   max_new_tokens=max_new_tokens, max_length=max_length, batch_size=batch_size, max_tokens=max_tokens,
+                   top_k=top_k, device=device)  # fmt: skip
+    return [Drawn(out[q * (k + 1) : q * (k + 1) + k], out[q * (k + 1) + k]) for q in range(len(prompts))]
 
 
 # --- Spark -------------------------------------------------------------------------------------------------

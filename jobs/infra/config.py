@@ -160,14 +160,19 @@ class RuntimeSettings(Section):
     scoring_fields: ClassVar[tuple[str, ...]] = ("max_length",)
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    # auto: bf16 on GPU, fp32 on CPU.
-    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    # auto: bf16 on GPU, fp32 on CPU. int8 (CPU only, opt-in): fp32 weights with every Linear layer dynamically
+    # quantised to int8 (udfs.runtime.quantize_int8); faster generation, measurably different text (bench/RESULTS.md).
+    dtype: Literal["auto", "fp32", "bf16", "fp16", "int8"] = "auto"
     batch_size: int = Field(32, ge=1)
     # LM scoring batches hold at most this many padded positions (rows x longest row); None: batch_size only.
     # On CPU long rows gain nothing from batching and cost rows x heads x length^2 attention weights (measured
     # in bench/RESULTS.md); on a GPU raise it (e.g. 65536) so batches stay full.
     max_batch_tokens: int | None = Field(2048, ge=1)
     max_length: int = Field(512, ge=8)
+    # Generation batches hold at most this many positions, rows x (longest prompt + max_new_tokens), besides their
+    # row count: with a KV cache a step costs about rows x context, so short prompts fill a batch of 64 and long
+    # ones take fewer rows (udfs/generate.py). None: the row count only.
+    generation_batch_tokens: int | None = Field(65536, ge=1)
     # None: PySpark's OMP_NUM_THREADS, one thread per task cpu. More than cores / tasks oversubscribes: 2 threads
     # in each of local[2]'s tasks on 2 cores scored the EB-challenge 2.1x slower (docs/META_EVAL.md).
     torch_threads: int | None = None

@@ -113,7 +113,7 @@ def transform(questions: DataFrame, cfg: SampleSettings, rt: RuntimeSettings, dr
             cfg.model.path, cfg.model.family, rt.device, rt.dtype, cfg.model.revision, rt.torch_threads,
             cache_size=rt.model_cache_size,
             k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
-            max_length=cfg.max_length, greedy_batch_size=cfg.greedy_batch_size,
+            max_length=cfg.max_length, batch_size=cfg.batch_size, max_tokens=rt.generation_batch_tokens, top_k=cfg.top_k,
         )  # fmt: skip
         draw = sampling.draw_udf(factory, cfg.answer_indicators, rt.on_row_error)
     drawn = questions.withColumn("_d", draw(F.col("prompt")))
@@ -127,7 +127,7 @@ def transform(questions: DataFrame, cfg: SampleSettings, rt: RuntimeSettings, dr
     meta = {
         "sample_idx": F.col("c.sample_idx").cast("string"),
         "greedy": F.when(F.col("c.greedy"), "true").otherwise("false"),
-        "temperature": F.lit(json.dumps(cfg.temperature)), "top_p": F.lit(json.dumps(cfg.top_p)),
+        "temperature": F.lit(json.dumps(cfg.temperature)), "top_p": F.lit(json.dumps(cfg.top_p)), "top_k": F.lit(None if cfg.top_k is None else str(cfg.top_k)).cast("string"),
         "seed": F.lit(str(cfg.seed)), "model": F.lit(cfg.model.path), "n_tokens": F.col("c.n_tokens").cast("string"),
         "truncated": F.when(F.col("c.truncated"), "true").otherwise("false"),
     }  # fmt: skip
@@ -175,9 +175,11 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None, draw
     chosen = choose(good, cfg)
     out = output_folder(settings)
     with tables.Held() as hold:
-        # One partition per runtime.batch_size questions (at most one per core): each partition's Python worker
-        # imports torch and loads the model, which costs more than a handful of questions' generation.
-        parts = max(1, min(math.ceil(len(chosen) / settings.runtime.batch_size), spark.sparkContext.defaultParallelism))
+        # One partition per generation batch of rows (k + 1 per question), at most one per core: each partition's
+        # Python worker imports torch and loads the model, which costs more than a handful of questions.
+        rows_per_question = cfg.k + 1
+        batches = math.ceil(len(chosen) * rows_per_question / cfg.batch_size)
+        parts = max(1, min(batches, spark.sparkContext.defaultParallelism))
         questions = spark.createDataFrame(chosen, QUESTION_FIELDS).repartition(parts)
         rows, failed = transform(questions, cfg, settings.runtime, draw, hold)
         _check_replaceable(out)

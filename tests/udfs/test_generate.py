@@ -120,3 +120,77 @@ def test_generate_udf_runs_in_spark(spark):
     df = spark.createDataFrame([("ab",), ("xyz",)], "prompt string")
     out = df.select(G.generate_udf(_fake_factory)("prompt").alias("g")).select("g.*").orderBy("n_tokens").collect()
     assert [(r.text, r.n_tokens, r.truncated, r.error) for r in out] == [("AB", 2, False, None), ("XYZ", 3, False, None)]
+
+
+# ---- batches that fill up, per-row seeded sampling (issue 44) ----------------------------------------------
+MANY = [f"Question {i}: {'how many apples ' * (i % 5)}are left?\n" for i in range(11)]
+
+
+@pytest.mark.parametrize("family", ["causal", "seq2seq"])
+def test_generate_token_budget_batches_equal_one_by_one(tiny_models, family):
+    model, tok = _load(tiny_models, family)
+    budgeted = G.generate(model, tok, family, MANY, max_new_tokens=6, batch_size=64, max_tokens=90)
+    single = [G.generate(model, tok, family, [p], max_new_tokens=6)[0] for p in MANY]
+    assert budgeted == single
+
+
+def test_generate_sampling_independent_of_batching_and_order(tiny_models):
+    model, tok = _load(tiny_models, "causal")
+    kw = dict(max_new_tokens=10, temperature=1.0, top_p=0.9, seed=3)
+    samples = [i % 3 for i in range(len(MANY))]
+    whole = G.generate(model, tok, "causal", MANY, samples=samples, batch_size=64, **kw)
+    small = G.generate(model, tok, "causal", MANY, samples=samples, batch_size=2, max_tokens=40, **kw)
+    order = list(reversed(range(len(MANY))))
+    backwards = G.generate(model, tok, "causal", [MANY[i] for i in order], samples=[samples[i] for i in order],
+                           batch_size=4, **kw)[::-1]  # fmt: skip
+    assert whole == small == backwards
+    # Another sample index of the same prompt draws other text; greedy rows (None) equal plain greedy decoding.
+    other = G.generate(model, tok, "causal", MANY, samples=[s + 1 for s in samples], batch_size=64, **kw)
+    assert [g.text for g in other] != [g.text for g in whole]
+    mixed = G.generate(model, tok, "causal", MANY, samples=[None if i % 2 else 0 for i in range(len(MANY))], **kw)
+    greedy = G.generate(model, tok, "causal", MANY, max_new_tokens=10)
+    assert [g for i, g in enumerate(mixed) if i % 2] == [g for i, g in enumerate(greedy) if i % 2]
+
+
+def test_draw_token_hand_derived():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    # top_k=1 and a tiny nucleus both keep only the most likely token.
+    assert {G.draw_token(logits, gen, top_k=1) for _ in range(20)} == {0}
+    assert {G.draw_token(logits, gen, top_p=0.1) for _ in range(20)} == {0}
+    # softmax([2, 1, 0, -1]) = [0.644, 0.237, 0.087, 0.032]: top_p 0.7 keeps tokens 0 and 1 (mass before token 1 is
+    # 0.644 < 0.7; before token 2 it is 0.881), renormalised to [0.731, 0.269].
+    draws = [G.draw_token(logits, gen, top_p=0.7) for _ in range(4000)]
+    assert set(draws) == {0, 1}
+    assert abs(draws.count(1) / 4000 - 0.269) < 0.03
+    # Temperature 0.5 doubles the logits: P(token 0) = softmax([4, 2, 0, -2])[0] = 0.867.
+    draws = [G.draw_token(logits, gen, temperature=0.5) for _ in range(4000)]
+    assert abs(draws.count(0) / 4000 - 0.867) < 0.03
+
+
+def test_draw_token_nucleus_wider_than_window_sorts_everything():
+    gen = torch.Generator().manual_seed(1)
+    flat = torch.zeros(G.TOP_P_WINDOW * 4)  # uniform: the top-256 window holds 1/4 of the mass
+    draws = {G.draw_token(flat, gen, top_p=0.9) for _ in range(3000)}
+    assert max(draws) >= G.TOP_P_WINDOW  # tokens outside the window are drawn too
+
+
+def test_stop_token_ids_adds_end_of_turn(tiny_models):
+    model, tok = _load(tiny_models, "causal")
+    assert G.stop_token_ids(model, tok) == [tok.eos_token_id]
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert G.stop_token_ids(model, tok) == [tok.eos_token_id, im_end]
+
+
+def test_generate_int8_quantises_linear_layers(tiny_models):
+    from udfs import runtime
+
+    model, tok = _load(tiny_models, "seq2seq")
+    quantised = runtime.quantize_int8(model, "cpu")
+    kinds = {type(m).__module__ for m in quantised.modules()}
+    assert any("quantized" in k for k in kinds)  # the Linear layers were swapped for dynamic int8 ones
+    out = G.generate(quantised, tok, "seq2seq", PROMPTS, max_new_tokens=5, min_new_tokens=5)
+    assert [g.n_tokens for g in out] == [5, 5, 5]
+    with pytest.raises(ValueError, match="CPU only"):
+        runtime.quantize_int8(model, "cuda:0")
