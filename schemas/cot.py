@@ -51,6 +51,7 @@ NUMERIC_CORRECT = "numeric_correct"  # generation with a numeric gold: same numb
 CORRECT_PER_TOKEN = "correct_per_token"  # classification: argmax of log-prob per option token is gold
 CORRECT_PER_BYTE = "correct_per_byte"  # classification: argmax of log-prob per UTF-8 byte is gold
 OPTION_SCORES = "option_scores"
+CHANCE = "chance"  # the accuracy a uniform guess expects: 1 / number of options; 0 for generation
 TRUNCATED = "truncated"
 # Fingerprint of every setting that changes a prediction (protocol keys, seed, model family): a key column, so
 # runs under different protocols sit side by side and a resumed run reuses only rows made the same way.
@@ -81,6 +82,7 @@ PREDICTIONS_SCHEMA = StructType(
         StructField(OPTION_SCORES, ArrayType(OPTION_SCORE), True),
         StructField(TRUNCATED, BooleanType(), False),
         StructField(PROTOCOL_HASH, StringType(), True),  # null on rows written before it existed
+        StructField(CHANCE, DoubleType(), True),  # null on rows written before it existed
     ]
 )
 

@@ -156,6 +156,8 @@ COT_METRIC_LIST = tuple(
         ("numeric_match", "numeric_correct", "share of numeric-gold generation rows whose answer is the same number"),
         ("acc_norm_token", "correct_per_token", "classification accuracy ranking options by log-prob per token"),
         ("acc_norm_byte", "correct_per_byte", "classification accuracy ranking options by log-prob per byte"),
+        ("random_guess", "chance", "the random-guess baseline: accuracy a uniform guess among the options expects "
+         "(1 / options; 0 for generation), aggregated like accuracy"),
     )
 )
 

@@ -48,14 +48,14 @@ def test_registry_holds_every_metric_with_its_table_direction_and_aggregations()
                                  ("roscoe_ss_repetition_step", ("min",)), ("roscoe_li_source_consistency", ("min",)),
                                  ("roscoe_li_self_consistency", ("min",))],
         "cot_metrics": [(m, ("template", "task", "median_template", "macro", "micro"))
-                        for m in ("accuracy", "numeric_match", "acc_norm_token", "acc_norm_byte")],
+                        for m in ("accuracy", "numeric_match", "acc_norm_token", "acc_norm_byte", "random_guess")],
     }
     assert {(m.direction, m.direction_text, m.higher_is_better) for m in MR.REGISTRY} == {
         ("higher", "higher is better", True)}
     assert all(m.definition.strip() and "\n" not in m.definition for m in MR.REGISTRY)
     assert {m.name: m.source for m in MR.of_table("cot_metrics")} == {
         "accuracy": "correct", "numeric_match": "numeric_correct", "acc_norm_token": "correct_per_token",
-        "acc_norm_byte": "correct_per_byte"}
+        "acc_norm_byte": "correct_per_byte", "random_guess": "chance"}
     assert MR.get("step_scores", "inter").definition.startswith("1 - max P_contradiction(r, conclusion)")
     with pytest.raises(KeyError, match="not a step_scores metric"):
         MR.get("step_scores", "rouge2")
@@ -109,9 +109,11 @@ def test_every_metric_names_a_column_its_table_or_producer_has():
     fields = {f.name: f for f in SS.SCHEMA.fields}
     for m in MR.of_table("step_scores"):
         assert (fields[m.name].dataType, fields[m.name].nullable) == (DoubleType(), True), m.name
-    # A CoT metric is the share of true rows of a boolean predictions column.
+    # A CoT metric is the share of true rows of a boolean predictions column, or (random_guess) the mean of the
+    # expected accuracy of a uniform guess, a double in [0, 1].
     predictions = {f.name: f.dataType for f in cot.PREDICTIONS_SCHEMA.fields}
-    assert all(predictions[m.source] == BooleanType() for m in MR.of_table("cot_metrics"))
+    assert all(predictions[m.source] == (DoubleType() if m.name == "random_guess" else BooleanType())
+               for m in MR.of_table("cot_metrics"))
 
 
 @pytest.mark.parametrize(

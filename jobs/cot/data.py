@@ -370,7 +370,8 @@ def _compiled(env: SandboxedEnvironment, template: PromptTemplate) -> Callable[[
 
 
 def load_p3(
-    root: Path, templates_dir: Path, template_list: Path, tasks: Iterable[str], seed: int = 0
+    root: Path, templates_dir: Path, template_list: Path, tasks: Iterable[str], seed: int = 0,
+    templates_per_task: int | None = None,
 ) -> tuple[list[Example], dict[str, int]]:
     """Every example under every T0-evaluated template; also the count of (example, template) pairs skipped.
 
@@ -384,7 +385,7 @@ def load_p3(
             raise DataError(f"unknown P3 task {task!r}; available: {', '.join(P3_RECORDS)}")
         records = P3_RECORDS[task](root)
         env = _environment(seed)
-        for template in load_templates(templates_dir, template_list, P3_TEMPLATE_KEY[task]):
+        for template in load_templates(templates_dir, template_list, P3_TEMPLATE_KEY[task])[:templates_per_task]:
             apply = _compiled(env, template)
             for i, record in enumerate(records):
                 try:
@@ -523,6 +524,22 @@ def _head(rows: list[Example], limit: int | None) -> list[Example]:
     return kept
 
 
+def _seeded_choice(rows: list[Example], size: int | None, seed: int) -> list[Example]:
+    """A seeded random choice of `size` examples of each (dataset, task, template), kept in file order: a sample
+    that stands for the whole task, where `_head`'s first N would follow the file's order (some files are sorted)."""
+    if size is None:
+        return rows
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault((row[S.DATASET], row[S.TASK], row[S.TEMPLATE]), []).append(i)
+    keep: set[int] = set()
+    for key, members in groups.items():
+        # One generator per group, seeded by the group's name: adding a task does not change another's sample.
+        rng = random.Random(f"{seed}\x1f{key}")
+        keep.update(members if len(members) <= size else rng.sample(members, size))
+    return [row for i, row in enumerate(rows) if i in keep]
+
+
 def load_examples(cfg: CotSettings) -> tuple[list[Example], list[Reject], dict[str, int]]:
     """(examples, rejects, counts) for every dataset in cfg.datasets plus cfg.custom_path."""
     root = resolve_path(cfg.data_root)
@@ -534,7 +551,8 @@ def load_examples(cfg: CotSettings) -> tuple[list[Example], list[Reject], dict[s
         rows += load_mgsm(root, cfg.mgsm_languages)
     if "p3" in cfg.datasets:
         p3, skipped = load_p3(
-            root, resolve_path(cfg.p3_templates_dir), resolve_path(cfg.p3_template_list), cfg.p3_tasks, cfg.seed
+            root, resolve_path(cfg.p3_templates_dir), resolve_path(cfg.p3_template_list), cfg.p3_tasks, cfg.seed,
+            cfg.p3_templates_per_task,
         )
         rows += p3
         counts.update({f"p3_template_not_applicable_{k}": v for k, v in skipped.items()})
@@ -542,7 +560,7 @@ def load_examples(cfg: CotSettings) -> tuple[list[Example], list[Reject], dict[s
     if cfg.custom_path:
         custom, rejects = load_custom(resolve_path(cfg.custom_path))
         rows += custom
-    rows = _head(rows, cfg.max_examples_per_task)
+    rows = _head(_seeded_choice(rows, cfg.sample_per_task, cfg.seed), cfg.max_examples_per_task)
     counts["examples"] = len(rows)
     counts["rejected"] = len(rejects)
     return rows, rejects, counts

@@ -85,13 +85,14 @@ def build_udfs(settings: Settings) -> CotUdfs:
     gens = generator_options(cfg)
 
     def gen(name: str) -> Callable[..., Column]:
-        factory = model_generator_factory(**common, batch_size=batch, max_length=length, **gens[name])
+        factory = model_generator_factory(**common, batch_size=batch, max_length=length,
+                                          max_tokens=rt.generation_batch_tokens, **gens[name])
         return generate_udf(factory, rt.on_row_error)
 
     def prompt(suffix: str) -> Callable[..., Column]:
         from udfs.cot_prompt import prompt_udf
 
-        return prompt_udf(ref.path, suffix, length, rt.trust_remote_code)
+        return prompt_udf(ref.path, suffix, length, rt.trust_remote_code, cfg.chat_template, cfg.source_roundtrip)
 
     return CotUdfs(
         options=options_udf(
@@ -103,7 +104,7 @@ def build_udfs(settings: Settings) -> CotUdfs:
         direct_generate=gen("direct_generate"),
         rationale=gen("rationale"),
         cot_generate=gen("cot_generate"),
-        prompt=prompt if cfg.source_roundtrip else None,
+        prompt=prompt if cfg.source_roundtrip or cfg.chat_template else None,
     )
 
 
@@ -251,7 +252,8 @@ def transform(
         cls_in = cls.withColumn("prefix", F.lit("")).withColumn(S.RATIONALE, F.lit(None).cast("string"))
         cls_in = cls_in.withColumn("_gen_error", F.lit(None).cast("string")).withColumn("_gen_truncated", F.lit(False))
     else:
-        # Sorted inside partitions: seeded sampling draws per batch, so batches must be the same on a rerun.
+        # Sorted inside partitions: a rerun forms the same batches (sampled rows draw per row, so the text would not
+        # change anyway; the padding, and with it the float noise, stays the same too).
         drafted = keep(cls.repartition(partitions, KEY).sortWithinPartitions(KEY).withColumn("g", udfs.rationale(S.PROMPT)))
         cls_in = (
             drafted.withColumn(S.RATIONALE, _rationale_of(cfg.indicators)(F.col("g.text")))
@@ -282,6 +284,7 @@ def transform(
                 S.TRUNCATED
             ),
             F.col("_opt_error").alias("_error"),
+            (F.lit(1.0) / F.size(S.OPTIONS)).alias(S.CHANCE),
         )
     )
     cls_failed = cls_in.where(F.col("_gen_error").isNotNull()).select(
@@ -311,6 +314,7 @@ def transform(
         F.lit(None).cast(S.PREDICTIONS_SCHEMA[S.OPTION_SCORES].dataType).alias(S.OPTION_SCORES),
         (F.coalesce(F.col("g.truncated"), F.lit(False)) | F.col("_src_cut")).alias(S.TRUNCATED),
         F.col("g.error").alias("_error"),
+        F.lit(0.0).alias(S.CHANCE),
     )
     both = cls_pred.unionByName(gen_pred).withColumn(S.MODE, F.lit(mode)).withColumn(S.MODEL, F.lit(model))
     both = both.withColumn(S.PROTOCOL_HASH, F.lit(None).cast("string"))  # run() stamps the run's fingerprint
@@ -361,6 +365,8 @@ def compute_metrics(pred: pd.DataFrame, resamples: int = 1000, confidence: float
     out: list[dict[str, Any]] = []
     for (dataset, mode, model), part in pred.groupby([S.DATASET, S.MODE, S.MODEL], sort=True):
         for metric, column in columns.items():
+            if column not in part:  # predictions from before the column existed
+                continue
             rows = part[part[column].notna()]
             if rows.empty:
                 continue
@@ -485,7 +491,7 @@ def _stored_predictions(spark: SparkSession, path: str, model: str, fingerprint:
     df = spark.read.format("delta").load(path)
     mine = df.where((F.col(S.MODEL) == model) & (F.col(S.PROTOCOL_HASH) == fingerprint) & F.col(S.MODE).isin(list(modes)))
     frame = mine.select(_key().alias(KEY), S.DATASET, S.TASK, S.TEMPLATE, S.MODE, S.MODEL, S.CORRECT,
-                        S.NUMERIC_CORRECT, S.CORRECT_PER_TOKEN, S.CORRECT_PER_BYTE).toPandas()  # fmt: skip
+                        S.NUMERIC_CORRECT, S.CORRECT_PER_TOKEN, S.CORRECT_PER_BYTE, S.CHANCE).toPandas()  # fmt: skip
     return frame[frame[KEY].isin(keys)].drop(columns=[KEY]).reset_index(drop=True)
 
 

@@ -37,6 +37,9 @@ TABLES = {  # name -> (dataset in cot_metrics, title, row label, fixed row order
     "mgsm": ("mgsm", "MGSM: exact-match accuracy per language", "language", MGSM_LANGUAGES),
 }
 AVERAGE = "Average"
+# The random-guess baseline (cot_metrics metric random_guess, the same for every mode and run): one column "Random"
+# beside the accuracies, without a CI.
+RANDOM_METRIC, RANDOM_COLUMN = "random_guess", "Random"
 
 
 @dataclass(frozen=True)
@@ -100,12 +103,14 @@ def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     return float(ci.low), float(ci.high)
 
 
-def _cell(rows: pd.DataFrame, aggregate: str, group: str, confidence: float) -> Cell | None:
+def _cell(rows: pd.DataFrame, aggregate: str, group: str, confidence: float, ci: bool = True) -> Cell | None:
     hit = rows[(rows[S.AGGREGATE] == aggregate) & (rows[S.GROUP] == group)]
     if hit.empty:
         return None
     r = hit.iloc[0]
     value, n = float(r[S.VALUE]), int(r[S.N])
+    if not ci:  # a baseline, not an estimate
+        return Cell(value, None, None, n)
     if aggregate == "task":  # a proportion: k of n
         low, high = wilson(round(value * n), n, confidence)
     else:
@@ -114,16 +119,18 @@ def _cell(rows: pd.DataFrame, aggregate: str, group: str, confidence: float) -> 
     return Cell(value, low, high, n)
 
 
-def _column(metrics: pd.DataFrame, dataset: str, mode: str, order: Sequence[str], confidence: float) -> dict[str, Cell]:
-    rows = metrics[(metrics[S.DATASET] == dataset) & (metrics[S.MODE] == mode) & (metrics[S.METRIC_NAME] == "accuracy")]
+def _column(metrics: pd.DataFrame, dataset: str, mode: str, order: Sequence[str], confidence: float,
+            metric: str = "accuracy") -> dict[str, Cell]:  # fmt: skip
+    rows = metrics[(metrics[S.DATASET] == dataset) & (metrics[S.MODE] == mode) & (metrics[S.METRIC_NAME] == metric)]
+    ci = metric != RANDOM_METRIC
     cells: dict[str, Cell] = {}
     groups = set(rows.loc[rows[S.AGGREGATE] == "task", S.GROUP])
     for group in [g for g in order if g in groups] + sorted(groups - set(order)):
         # A templated task (P3) counts with its median over templates, as T0 reports.
-        cell = _cell(rows, "median_template", group, confidence) or _cell(rows, "task", group, confidence)
+        cell = _cell(rows, "median_template", group, confidence, ci) or _cell(rows, "task", group, confidence, ci)
         if cell is not None:
             cells[group] = cell
-    average = _cell(rows, "macro", "*", confidence)
+    average = _cell(rows, "macro", "*", confidence, ci)
     if average is not None:
         cells[AVERAGE] = average
     return cells
@@ -145,6 +152,10 @@ def paper_tables(
                     per_column.append(cells)
         if not per_column:
             continue
+        chance = next((c for m in MODES if (c := _column(runs[0][1], dataset, m, order, confidence, RANDOM_METRIC))), {})
+        if chance:
+            columns.append(RANDOM_COLUMN)
+            per_column.append(chance)
         present = {g for cells in per_column for g in cells if g != AVERAGE}
         missing = [g for g in order if (dataset, g) in NOT_AVAILABLE and g not in present]
         groups = [g for g in order if g in present or g in missing] + sorted(present - set(order))

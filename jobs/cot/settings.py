@@ -21,6 +21,9 @@ class CotSettings(Section):
     modes: list[Literal["direct", "cot"]] = Field(default_factory=lambda: ["direct", "cot"])
     # First N examples of each (dataset, task, template): quick runs; None = all.
     max_examples_per_task: int | None = Field(None, ge=1)
+    # A seeded choice (cot.seed) of this many examples of each (dataset, task, template), in file order: a sample
+    # that stands for the task, for real models on small machines (docs/COT_TABLES_*.md); None = all.
+    sample_per_task: int | None = Field(None, ge=1)
     bbh_tasks: list[str] | None = None  # None: all 27
     # letter: options are "(A)".."(K)" as in the gold targets; text: the option texts (gold mapped to its text).
     bbh_option_style: Literal["letter", "text"] = "letter"
@@ -34,6 +37,9 @@ class CotSettings(Section):
     )
     p3_templates_dir: str = "conf/p3_templates"
     p3_template_list: str = "conf/p3_templates/t0_eval.yaml"
+    # The first N templates of each task in that list (None: all, as T0): with cot.sample_per_task, a run small
+    # enough for a real model on a CPU still takes a median over several templates.
+    p3_templates_per_task: int | None = Field(None, ge=1)
     # A JSONL file in the common example schema, evaluated beside (or instead of) the datasets above.
     custom_path: str | None = None
     # The protocol: `official` keeps every key below at the official code's value unless a key is set on its own
@@ -73,7 +79,7 @@ class CotSettings(Section):
     top_p: float = Field(0.8, gt=0, le=1)
     temperature: float = Field(1.0, gt=0)
     seed: int = 0
-    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "fp32"  # official: fp32; auto = runtime.dtype
+    dtype: Literal["auto", "fp32", "bf16", "fp16", "int8"] = "fp32"  # official: fp32; auto = runtime.dtype
     batch_size: int | None = Field(None, ge=1)  # None: runtime.batch_size
     max_length: int = Field(512, ge=8)  # official input_length (source + suffix tokens) and option length
     bootstrap_resamples: int = Field(1000, ge=10)
@@ -90,6 +96,12 @@ class CotSettings(Section):
     fewshot: int = Field(0, ge=0, le=8)
     # MGSM exemplars: in the example's language (lm-eval mgsm_native_cot) or the English ones for every language.
     mgsm_exemplars: Literal["native", "english"] = "native"
+    # Decoder-only instruct models (a departure: the official code is T5-only): the source goes through the
+    # tokenizer's chat template as the user turn and the suffix (the Direct "[ANSWER] " or the CoT trigger, its
+    # leading newlines dropped) opens the assistant turn; the rationale is that turn, options continue it after
+    # "[ANSWER]". A tokenizer without a chat template keeps the plain prompt. The rendered prompt is stored per
+    # example (cot_predictions.prompt). docs/COT_PROTOCOL.md "Decoder-only instruct models".
+    chat_template: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -112,11 +124,14 @@ class CotSettings(Section):
         out = {k: (values[k], v) for k, v in OFFICIAL_COT.items() if values[k] != v}
         if self.fewshot:  # kept out of OFFICIAL_COT so zero-shot fingerprints stay those already stored
             out |= {"fewshot": (self.fewshot, 0), "mgsm_exemplars": (self.mgsm_exemplars, None)}
+        if self.chat_template:
+            out["chat_template"] = (True, False)
         return out
 
     def fewshot_keys(self) -> dict[str, Any]:
         """The few-shot keys for the protocol fingerprint: none when zero-shot (the fingerprint stays as before)."""
-        return {"fewshot": self.fewshot, "mgsm_exemplars": self.mgsm_exemplars} if self.fewshot else {}
+        keys = {"fewshot": self.fewshot, "mgsm_exemplars": self.mgsm_exemplars} if self.fewshot else {}
+        return keys | ({"chat_template": True} if self.chat_template else {})
 
 
 # The official code's value of every protocol key (kaistAI/CoT-Collection, CoT_Finetuning/src/evaluation.py,

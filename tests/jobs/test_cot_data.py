@@ -211,3 +211,27 @@ def test_load_custom_rejects_an_example_with_an_empty_option_list(tmp_path):
     rows, rejects = D.load_custom(path)
     assert rows == [] and [r.reason for r in rejects] == ["invalid_example"]
     assert rejects[0].detail.startswith("options is an empty list") and rejects[0].source.endswith("mine.jsonl:1")
+
+
+def test_seeded_choice_per_task_is_seeded_and_in_file_order():
+    from jobs.cot.data import _seeded_choice
+
+    rows = [{S.DATASET: "bbh", S.TASK: t, S.TEMPLATE: None, "i": i} for t in ("a", "b") for i in range(10)]
+    rows += [{S.DATASET: "bbh", S.TASK: "c", S.TEMPLATE: None, "i": 0}]
+    first = _seeded_choice(rows, 3, seed=0)
+    assert [r["i"] for r in first if r[S.TASK] == "a"] == sorted(r["i"] for r in first if r[S.TASK] == "a")
+    assert [sum(r[S.TASK] == t for r in first) for t in "abc"] == [3, 3, 1]  # a small task is kept whole
+    assert _seeded_choice(rows, 3, seed=0) == first
+    assert _seeded_choice(rows, 3, seed=1) != first
+    # A task's sample does not depend on the other tasks present.
+    assert [r for r in _seeded_choice(rows[:10], 3, seed=0)] == [r for r in first if r[S.TASK] == "a"]
+    assert _seeded_choice(rows, None, seed=0) == rows
+
+
+@pytest.mark.dataset("p3_heldout")
+def test_load_p3_first_templates_per_task():
+    rows, _ = D.load_p3(ROOT, TEMPLATES, LISTING, ["rte", "cb"], templates_per_task=2)
+    names = {(r[S.TASK], r[S.TEMPLATE]) for r in rows}
+    listing = {t: [x.name for x in D.load_templates(TEMPLATES, LISTING, D.P3_TEMPLATE_KEY[t])][:2] for t in ("rte", "cb")}
+    assert names == {(t, n) for t, ns in listing.items() for n in ns}
+    assert len(rows) == 277 * 2 + 56 * 2

@@ -279,3 +279,53 @@ def test_cot_eval_full_run(spark, tiny_models, make_settings):
     print(f"full CoT evaluation run: {time.time() - started:.0f} s, {result['examples']} examples per mode "
           f"(Direct {result['direct_seconds']:.0f} s, CoT {result['cot_seconds']:.0f} s)")
     assert result["direct_reconciled"] == result["cot_reconciled"] == 1
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@pytest.mark.slow
+def test_cot_eval_chat_template_causal_lm(spark, tiny_models, make_settings, tmp_path):
+    """An instruct-style causal LM: the source is the user turn, the suffix opens the assistant turn, the rationale
+    is that turn (cut before [ANSWER]) and the options continue it after "[ANSWER] "; every number equals an
+    independent computation outside Spark."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from udfs.cot_prompt import chat_prompts
+    from udfs.generate import generate
+    from udfs.options import score_options
+
+    folder = tmp_path / "chat-gpt2"
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["tiny-gpt2"])
+    tok = AutoTokenizer.from_pretrained(tiny_models["tiny-gpt2"])
+    tok.chat_template = CHAT_TEMPLATE
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    settings = make_settings(
+        f"models.cot.path={folder}", "models.cot.family=causal", "cot.datasets=[]", "cot.chat_template=true",
+        "cot.custom_path=tests/data/cot_custom.jsonl", "cot.sample=false", "cot.max_new_tokens=12",
+        "cot.generation_max_new_tokens=12", "cot.direct_max_new_tokens=6", "cot.bootstrap_resamples=50",
+    )  # fmt: skip
+    result = cot_eval.run(spark, settings, "chat")
+    assert result["direct_predictions"] == result["cot_predictions"] == 5
+    assert settings.cot.departures()["chat_template"] == (True, False)
+    pred = spark.read.format("delta").load(settings.table("cot_predictions")).toPandas()
+    tok = AutoTokenizer.from_pretrained(folder)
+    for _, r in pred.iterrows():
+        suffix = "\n[ANSWER] " if r[S.MODE] == "direct" else "\n\nLet's think step by step.\n"
+        assert r[S.PROMPT] == chat_prompts(tok, [r[S.SOURCE]], suffix, 512)[0][0]
+        assert r[S.PROMPT].endswith("<|assistant|>" + suffix.lstrip("\n"))
+    cls = pred[pred[S.OPTIONS].notna()].sort_values([S.MODE, S.TASK, S.EXAMPLE_ID])
+    opts = cot_eval.generator_options(settings.cot)["rationale"]
+    for _, r in cls.iterrows():
+        prefix = ""
+        if r[S.MODE] == "cot":
+            [gen] = generate(model.eval(), tok, "causal", [r[S.PROMPT]], max_length=512, **opts)
+            assert r[S.RATIONALE] == cot_text.rationale_of(gen.text)
+            prefix = r[S.RATIONALE] + "\n[ANSWER] "
+        [want] = score_options(model, tok, "causal", [r[S.PROMPT]], [list(r[S.OPTIONS])], prefixes=[prefix],
+                               move_space=True)  # fmt: skip
+        assert [s["sum_logprob"] for s in r[S.OPTION_SCORES]] == loglik_approx([w.sum_logprob for w in want])
