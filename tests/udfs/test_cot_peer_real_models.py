@@ -1,0 +1,61 @@
+"""Peer check on real models (manual: needs `python -m jobs.infra.models fetch gemma3-270m qwen2.5-coder-0.5b-instruct`
+and the bbh dataset): Direct option log-likelihoods of udfs.options.score_options equal lm-evaluation-harness's
+`loglikelihood` (HFLM, its Hugging Face backend) within 1e-4 nats on the same prompts, >= 200 option scorings
+across 5 BBH tasks per model. The prompts are the CoT job's Direct prompts: the official round trip for Gemma 3
+270M (a base model), the chat template for Qwen2.5-Coder-0.5B-Instruct (cot.chat_template). Results: printed and
+in docs/COT_PROTOCOL.md "Peer check on real models".
+
+    .venv/bin/python -m pytest -m manual tests/udfs/test_cot_peer_real_models.py -s
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+PEER_ABS = 1e-4
+TASKS = ("date_understanding", "disambiguation_qa", "logical_deduction_five_objects", "movie_recommendation",
+         "geometric_shapes")  # fmt: skip
+PER_TASK = 10  # a seeded choice per task: 10 x (6 + 3 + 5 + 5-6 + 7-11) options, over 200 scorings
+MODELS = (("gemma3-270m", False), ("qwen2.5-coder-0.5b-instruct", True))
+
+
+@pytest.mark.manual
+@pytest.mark.dataset("bbh")
+@pytest.mark.parametrize(("name", "chat"), MODELS)
+def test_real_model_direct_scores_equal_lm_eval(name, chat):
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from jobs.cot.data import load_bbh
+    from jobs.cot.settings import CotSettings
+    from jobs.infra.config import resolve_path
+    from udfs import options as O
+    from udfs.cot_prompt import build_prompts
+    from udfs.runtime import ModelUnavailable, load_model, registry_folder
+
+    try:
+        folder = registry_folder(name)
+    except ModelUnavailable as err:
+        pytest.skip(str(err))
+    cfg = CotSettings()
+    rows = load_bbh(resolve_path(cfg.data_root), TASKS)
+    rng = random.Random(0)
+    chosen = [r for t in TASKS for r in rng.sample([x for x in rows if x["task"] == t], PER_TASK)]
+    model, tok = load_model(str(folder), "causal", "cpu", "fp32")
+    prompts = [p for p, _ in build_prompts(tok, [r["source"] for r in chosen], cfg.direct_suffix, cfg.max_length,
+                                           chat=chat)]  # fmt: skip
+    options = [list(r["options"]) for r in chosen]
+    ours = [s.sum_logprob for row in O.score_options(model, tok, "causal", prompts, options, move_space=True)
+            for s in row]  # fmt: skip
+    lm = HFLM(pretrained=str(folder), backend="causal", device="cpu", dtype="float32", batch_size=8)
+    pairs = [(p, o) for p, opts in zip(prompts, options, strict=True) for o in opts]
+    requests = [Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=i) for i, pair in enumerate(pairs)]
+    theirs = [logprob for logprob, _ in lm.loglikelihood(requests, disable_tqdm=True)]
+    worst = max(abs(a - b) for a, b in zip(ours, theirs, strict=True))
+    print(f"\n{name}: {len(pairs)} option scorings over {len(TASKS)} BBH tasks, max |ours - lm-eval| = {worst:.2e} nats")
+    assert len(pairs) >= 200
+    assert ours == pytest.approx(theirs, abs=PEER_ABS, rel=0)
