@@ -85,7 +85,11 @@ def build_udfs(settings: Settings) -> CotUdfs:
     gens = generator_options(cfg)
 
     def gen(name: str) -> Callable[..., Column]:
-        factory = model_generator_factory(**common, batch_size=batch, max_length=length,
+        # cot.max_length is the official input length (the prompt's tokens). A causal LM's new tokens share its
+        # window with the prompt (udfs.generate), so its window is the input length plus the new tokens (the
+        # model's own context still bounds it); with 512 for both the prompt would be cut to one token.
+        window = length + gens[name]["max_new_tokens"] if ref.family == "causal" else length
+        factory = model_generator_factory(**common, batch_size=batch, max_length=window,
                                           max_tokens=rt.generation_batch_tokens, **gens[name])
         return generate_udf(factory, rt.on_row_error)
 

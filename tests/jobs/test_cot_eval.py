@@ -307,13 +307,15 @@ def test_cot_eval_chat_template_causal_lm(spark, tiny_models, make_settings, tmp
     settings = make_settings(
         f"models.cot.path={folder}", "models.cot.family=causal", "cot.datasets=[]", "cot.chat_template=true",
         "cot.custom_path=tests/data/cot_custom.jsonl", "cot.sample=false", "cot.max_new_tokens=12",
-        "cot.generation_max_new_tokens=12", "cot.direct_max_new_tokens=6", "cot.bootstrap_resamples=50",
+        "cot.generation_max_new_tokens=12", "cot.direct_max_new_tokens=512", "cot.bootstrap_resamples=50",
     )  # fmt: skip
     result = cot_eval.run(spark, settings, "chat")
     assert result["direct_predictions"] == result["cot_predictions"] == 5
     assert settings.cot.departures()["chat_template"] == (True, False)
     pred = spark.read.format("delta").load(settings.table("cot_predictions")).toPandas()
     tok = AutoTokenizer.from_pretrained(folder)
+    # cot.max_length (512) is the prompt's length: 512 new tokens come on top of it, never out of the prompt.
+    assert not pred[S.TRUNCATED].any()
     for _, r in pred.iterrows():
         suffix = "\n[ANSWER] " if r[S.MODE] == "direct" else "\n\nLet's think step by step.\n"
         assert r[S.PROMPT] == chat_prompts(tok, [r[S.SOURCE]], suffix, 512)[0][0]
@@ -323,7 +325,7 @@ def test_cot_eval_chat_template_causal_lm(spark, tiny_models, make_settings, tmp
     for _, r in cls.iterrows():
         prefix = ""
         if r[S.MODE] == "cot":
-            [gen] = generate(model.eval(), tok, "causal", [r[S.PROMPT]], max_length=512, **opts)
+            [gen] = generate(model.eval(), tok, "causal", [r[S.PROMPT]], max_length=512 + opts["max_new_tokens"], **opts)
             assert r[S.RATIONALE] == cot_text.rationale_of(gen.text)
             prefix = r[S.RATIONALE] + "\n[ANSWER] "
         [want] = score_options(model, tok, "causal", [r[S.PROMPT]], [list(r[S.OPTIONS])], prefixes=[prefix],
