@@ -882,7 +882,12 @@ def _pair_holds(lv: Val, rv: Val, right: _Side, approx: bool) -> bool:
     return bool(approx and rv.v != 0 and abs(lv.v - rv.v) <= APPROX_RELATIVE * abs(rv.v))
 
 
-def _text(source: str, toks: Sequence[Tok]) -> str:
+def _text(source: str, toks: Sequence[Tok], trailing_units: bool = True) -> str:
+    """A side as written (whitespace collapsed); without its trailing units for the claim's number side
+    (`18 - 6 = 13`, not `= 13 flamingos left`)."""
+    if not trailing_units:
+        while len(toks) > 1 and toks[-1].kind == UNIT:
+            toks = toks[:-1]
     return " ".join(source[toks[0].start:toks[-1].end].split())
 
 
@@ -966,7 +971,8 @@ def claims(text: str) -> list[Claim]:
             if result is None:
                 continue
             holds, lv, rv = result
-            out.append(Claim(f"{_text(source, left.toks)} {'≈' if approx[i] else '='} {_text(source, right.toks)}",
+            out.append(Claim(f"{_text(source, left.toks)} {'≈' if approx[i] else '='} "
+                             f"{_text(source, right.toks, trailing_units=False)}",
                              lv, rv, holds, approx[i], right.literal is None and left.literal is not None))
             chained = True
             if len(out) >= MAX_CLAIMS:
