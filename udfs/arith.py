@@ -10,7 +10,8 @@ What is read
   numbers, mod, implicit products (`2(3+4)`, `(2)(3)`), mixed numbers (`2 1/2`, `2\\frac{1}{2}`: both readings are
   tried), numbers in other bases (`1011_2`), currency signs, units (`\\text{...}`, words after a number,
   `pounds/book`, `miles per hour`), degrees. Chains `a = b = c` give one claim per neighbouring pair of sides;
-  `\\approx`, `≈` and "approximately" after `=` mark an approximate claim.
+  `\\approx`, `≈` and "approximately" after `=` mark an approximate claim. A running computation
+  (`3 + 4 = 7 * 2 = 14`: the value written, then computed on) holds when the number it starts with is the value.
 
 Which pairs are claims (the rest is skipped, never flagged)
   - Both sides evaluate: a side with an unknown (a letter, `\\pi`, a function, `...`) is skipped, so are
@@ -858,7 +859,18 @@ def compare(left: _Side, right: _Side, approx: bool) -> tuple[bool, Fraction, Fr
                 best = (ok, lv.v, rv.v)
     assert best is not None
     ok, lv, rv = best
+    if not ok and not swapped and _running(lvals, right, approx):
+        # `3 + 4 = 7 * 2 = 14`: a running computation writes the value and goes on computing with it.
+        return True, lvals[0].v, right.expr[0].value
     return (ok, rv, lv) if swapped else (ok, lv, rv)
+
+
+def _running(lvals: list[Val], right: _Side, approx: bool) -> bool:
+    """Does the right side start with the left side's value, written as a number, and go on with an operator?"""
+    expr = right.expr
+    if len(expr) < 3 or expr[0].kind != NUM or expr[1].kind != OP or expr[1].value not in ("+", "-", "*", "/"):
+        return False
+    return any(_holds_literal(lv.v, expr[0], Fraction(1), False, approx) for lv in lvals)
 
 
 def _pair_holds(lv: Val, rv: Val, right: _Side, approx: bool) -> bool:

@@ -34,6 +34,9 @@ CASES = {
     "chain with labels": ("Amount = Fraction * Total = 2/5 * 4000 = 800 gallons.", [(1600, 800, False)]),
     "aligned": ("\\begin{aligned} 2 + 3 &= 5 \\\\ &= 4 + 1 \\end{aligned}", [(5, 5, True), (5, 5, True)]),
     "number = expression": ("This means: 194 = 11 × 17 + 9.", [(194, 196, False)]),
+    # a running computation: the value written, then computed on
+    "running": ("3 + 4 = 7 * 2 = 14", [(7, 7, True), (14, 14, True)]),
+    "running from a wrong value": ("3 + 4 = 8 * 2 = 16", [(7, 16, False), (16, 16, True)]),
     # --- unit conversions and labels: skipped
     "label": ("Adam's age in 8 years = 20", []),
     "label then sum": ("Adam's age in 8 years = 12 + 8 = 20", [(20, 20, True)]),
