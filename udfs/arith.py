@@ -11,7 +11,7 @@ What is read
   tried), numbers in other bases (`1011_2`), currency signs, units (`\\text{...}`, words after a number,
   `pounds/book`, `miles per hour`), degrees. Chains `a = b = c` give one claim per neighbouring pair of sides;
   `\\approx`, `≈` and "approximately" after `=` mark an approximate claim. A running computation
-  (`3 + 4 = 7 * 2 = 14`: the value written, then computed on) holds when the number it starts with is the value.
+  (`3 + 4 = 7 * 2 = 14`: the value written, then multiplied or divided) holds when it starts with exactly the value.
 
 Which pairs are claims (the rest is skipped, never flagged)
   - Both sides evaluate: a side with an unknown (a letter, `\\pi`, a function, `...`) is skipped, so are
@@ -866,11 +866,12 @@ def compare(left: _Side, right: _Side, approx: bool) -> tuple[bool, Fraction, Fr
 
 
 def _running(lvals: list[Val], right: _Side, approx: bool) -> bool:
-    """Does the right side start with the left side's value, written as a number, and go on with an operator?"""
+    """Does the right side start with exactly the left side's value, written as a number, and go on multiplying
+    or dividing it? (Not `+`/`-`: `389 - 39 = 350 - 39` and `... = 7 - 2` are wrong sums, measured on MATH.)"""
     expr = right.expr
-    if len(expr) < 3 or expr[0].kind != NUM or expr[1].kind != OP or expr[1].value not in ("+", "-", "*", "/"):
+    if len(expr) < 3 or expr[0].kind != NUM or expr[1].kind != OP or expr[1].value not in ("*", "/"):
         return False
-    return any(_holds_literal(lv.v, expr[0], Fraction(1), False, approx) for lv in lvals)
+    return any(lv.v == expr[0].value for lv in lvals)
 
 
 def _pair_holds(lv: Val, rv: Val, right: _Side, approx: bool) -> bool:
