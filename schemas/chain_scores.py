@@ -42,12 +42,23 @@ def api_col(k: int) -> str:
 
 
 def metric_names() -> list[str]:
-    """The step scores chain_scores aggregates, in column order (the registry's, read now)."""
-    return MR.names(MR.STEP_SCORES)
+    """The higher-is-better step scores chain_scores aggregates (chain score: the min), in column order (the
+    registry's, read now). The counts (`count_names`) have a total instead."""
+    return [m.name for m in MR.ranked_step_scores()]
+
+
+def count_names() -> list[str]:
+    """The per-step counts (lower is better), each with a `<count>_total` column."""
+    return [m.name for m in MR.step_counts()]
+
+
+def total_col(metric: str) -> str:
+    """A count's chain score: its sum over steps (e.g. arith_errors_total)."""
+    return MR.chain_column(metric, MR.TOTAL)
 
 
 def score_columns() -> list[str]:
-    """Each step score's chain score (its min over steps), in column order."""
+    """Each higher-is-better step score's chain score (its min over steps), in column order."""
     return [min_col(m) for m in metric_names()]
 
 
@@ -57,7 +68,7 @@ PVI_NULL_MODEL = "pvi_null_model"
 IG_MODEL = "ig_model"
 SCORED_AT = "scored_at"
 
-_TYPES = {MR.MIN: DoubleType(), MR.WORST_STEP: IntegerType(), MR.MEAN: DoubleType()}
+_TYPES = {MR.MIN: DoubleType(), MR.WORST_STEP: IntegerType(), MR.MEAN: DoubleType(), MR.TOTAL: IntegerType()}
 
 
 def schema() -> StructType:
@@ -66,7 +77,7 @@ def schema() -> StructType:
     metric_fields = [
         StructField(MR.chain_column(m.name, agg), _TYPES[agg], True)
         for m in MR.of_table(MR.STEP_SCORES)
-        for agg in (MR.MIN, MR.WORST_STEP, MR.MEAN)
+        for agg in (MR.MIN, MR.WORST_STEP, MR.MEAN, MR.TOTAL)
         if agg in m.aggregations
     ]
     api = [StructField(api_col(k), BooleanType(), True) for k in API_KS] if MR.api_metric() is not None else []

@@ -6,7 +6,9 @@ exactly those, the meta-evaluation evaluates them (and every `baseline_scores` m
 nightly report iterate the step scores, the CoT evaluation computes each `cot_metrics` metric from its
 predictions column, and the ROSCOE per-step forms say how their chain value aggregates them. A new step score
 is one `Metric(...)` below plus the job that writes its `step_scores` column (tests/test_metrics_registry.py
-shows one flowing to chain scores, the meta-evaluation and the report).
+shows one flowing to chain scores, the meta-evaluation and the report). A count (`arith_errors`: lower is better)
+is the one exception to "higher is better": its chain score is its total over steps, which curation bounds from
+above and the meta-evaluation reads negated.
 
 Pure Python (no pyspark): the settings and udfs/ read it too. Consumers call the functions below at run time
 rather than copy the registry at import, so a test that extends `REGISTRY` sees it everywhere it matters.
@@ -29,7 +31,8 @@ TABLES = (STEP_SCORES, BASELINE_SCORES, STEP_BASELINE_SCORES, COT_METRICS)
 # score (a chain is as good as its worst step), WORST_STEP the 0-based step that gave it (first on ties), MEAN the
 # mean over steps. API_K is the paper's API_k over the metric's values in step order, columns api_1..api_3 after
 # every metric's own (named without the metric, as the paper does: so at most one metric declares it).
-MIN, WORST_STEP, MEAN, API_K = "min", "worst_step", "mean", "api_k"
+# TOTAL (counts only) the sum over steps.
+MIN, WORST_STEP, MEAN, API_K, TOTAL = "min", "worst_step", "mean", "api_k", "total"
 API_KS = (1, 2, 3)
 # cot_metrics' `aggregate` values: template: one P3 template; task: all rows of a task; median_template: median
 # over a task's templates (T0); macro: mean over tasks of the task value (median over templates for templated
@@ -38,7 +41,7 @@ COT_AGGREGATES = ("template", "task", "median_template", "macro", "micro")
 # What an aggregation may be, per table: a step_baseline_scores metric names how its chain value in
 # baseline_scores aggregates the per-step values (udfs/roscoe.STEP_AGGREGATION); baseline_scores are per chain.
 ALLOWED_AGGREGATIONS: dict[str, tuple[str, ...]] = {
-    STEP_SCORES: (MIN, WORST_STEP, MEAN, API_K),
+    STEP_SCORES: (MIN, WORST_STEP, MEAN, API_K, TOTAL),
     BASELINE_SCORES: (),
     STEP_BASELINE_SCORES: (MIN, MEAN),
     COT_METRICS: COT_AGGREGATES,
@@ -49,7 +52,10 @@ Direction = Literal["higher", "lower"]
 
 @dataclass(frozen=True)
 class Metric:
-    """One score. `source`: for a cot_metrics metric, the `cot_predictions` column whose share of true rows it is."""
+    """One score. `source`: for a cot_metrics metric, the `cot_predictions` column whose share of true rows it is.
+    `sparse`: a null step value means the score does not apply to that step (a step without an equation), not that
+    its scoring failed: chain aggregations then go over the steps that have a value (null when none has).
+    `detail`: the step_scores column that says why a step scored low (the report shows it beside the value)."""
 
     name: str
     table: str
@@ -57,6 +63,8 @@ class Metric:
     direction: Direction = "higher"
     aggregations: tuple[str, ...] = ()
     source: str | None = None
+    sparse: bool = False
+    detail: str | None = None
 
     @property
     def higher_is_better(self) -> bool:
@@ -66,11 +74,19 @@ class Metric:
     def direction_text(self) -> str:
         return f"{self.direction} is better"
 
+    @property
+    def is_count(self) -> bool:
+        """A per-step count (lower is better) whose chain score is its total."""
+        return self.aggregations == (TOTAL,)
+
 
 INTRA_ENTAIL = "intra_entail"
 INTRA_PVI = "intra_pvi"
 INTER = "inter"
 INFO_GAIN = "info_gain"
+ARITH_VALID = "arith_valid"
+ARITH_ERRORS = "arith_errors"
+ARITH_FAILED = "arith_failed"  # step_scores: the failing equations with their real values, `18 - 6 = 13 (is 12)`
 _CHAIN = (MIN, WORST_STEP, MEAN)
 
 # Registry order is the order of every list derived from it: chain_scores' columns, the meta-evaluation's default
@@ -100,6 +116,18 @@ STEP_SCORE_METRICS = (
         "L(i) - L(i-1), L(k) = meanlogp(' ' + answer | steps 1..k + ' Therefore,'): nats the step adds "
         "towards the predicted answer.",
         aggregations=(*_CHAIN, API_K),
+    ),
+    # The arithmetic check (udfs/arith.py): no model; every `<expression> = <number>` in the step evaluated exactly.
+    Metric(
+        ARITH_VALID, STEP_SCORES,
+        "share of the step's checkable equations that hold at the precision their number is written at; "
+        "null when the step has none (chain aggregations skip it). Range [0, 1].",
+        aggregations=_CHAIN, sparse=True, detail=ARITH_FAILED,
+    ),
+    Metric(
+        ARITH_ERRORS, STEP_SCORES,
+        "number of the step's checkable equations that do not hold (0 without any); chain score: the total.",
+        direction="lower", aggregations=(TOTAL,), detail=ARITH_FAILED,
     ),
 )
 
@@ -176,13 +204,17 @@ def validate(registry: Iterable[Metric]) -> tuple[Metric, ...]:
         if not m.definition.strip():
             raise ValueError(f"{where}: needs a one-line definition")
         # Every consumer ranks by "higher is better": curation keeps chains at or above a bound, localisation flags
-        # steps below one, Somers' D > 0 means clean chains rank higher. Negate a lower-is-better score first.
-        if m.direction != "higher":
-            raise ValueError(f"{where}: direction {m.direction!r}; every registered score is higher-is-better")
+        # steps below one, Somers' D > 0 means clean chains rank higher. Negate a lower-is-better score first; the
+        # one exception is a step count, whose chain total curation bounds from above and meta-eval negates.
+        if m.direction != "higher" and not (m.table == STEP_SCORES and m.is_count):
+            raise ValueError(f"{where}: direction {m.direction!r}; every registered score is higher-is-better "
+                             f"but a step count (aggregations ({TOTAL!r},))")
+        if TOTAL in m.aggregations and not (m.is_count and m.direction == "lower"):
+            raise ValueError(f"{where}: {TOTAL!r} is a count's only aggregation, and a count is lower-is-better")
         bad = sorted(set(m.aggregations) - set(ALLOWED_AGGREGATIONS[m.table]))
         if bad:
             raise ValueError(f"{where}: aggregations {bad} not allowed (allowed: {ALLOWED_AGGREGATIONS[m.table]})")
-        if m.table == STEP_SCORES and MIN not in m.aggregations:
+        if m.table == STEP_SCORES and MIN not in m.aggregations and not m.is_count:
             raise ValueError(f"{where}: a step score needs {MIN!r}, its chain score")
         if m.table == STEP_BASELINE_SCORES and len(m.aggregations) != 1:
             raise ValueError(f"{where}: names exactly one chain aggregation (min or mean)")
@@ -214,6 +246,27 @@ def names(table: str) -> list[str]:
     return [m.name for m in of_table(table)]
 
 
+def ranked_step_scores() -> tuple[Metric, ...]:
+    """The higher-is-better step scores (chain score: the min), in registry order: what localisation thresholds,
+    the report's worst chains and curation's score keys rank by. Not the counts."""
+    return tuple(m for m in of_table(STEP_SCORES) if not m.is_count)
+
+
+def step_counts() -> tuple[Metric, ...]:
+    """The per-step counts (lower is better; chain score: the total), e.g. arith_errors."""
+    return tuple(m for m in of_table(STEP_SCORES) if m.is_count)
+
+
+def chain_score_column(metric: Metric) -> str:
+    """A step score's chain score: `<metric>_min`, or a count's `<metric>_total`."""
+    return chain_column(metric.name, TOTAL if metric.is_count else MIN)
+
+
+def lower_is_better_columns() -> set[str]:
+    """The chain_scores columns a ranking consumer reads negated (the counts' totals)."""
+    return {chain_score_column(m) for m in step_counts()}
+
+
 def get(table: str, name: str) -> Metric:
     for m in of_table(table):
         if m.name == name:
@@ -236,6 +289,7 @@ def api_metric() -> Metric | None:
 
 
 def chain_score_columns() -> list[str]:
-    """The chain scores the meta-evaluation evaluates by default: each step score's min, then API_k (as 0/1)."""
+    """The chain scores the meta-evaluation evaluates by default: each step score's chain score (its min, a
+    count's total), then API_k (as 0/1)."""
     api = [api_column(k) for k in API_KS] if api_metric() is not None else []
-    return [chain_column(m.name, MIN) for m in of_table(STEP_SCORES)] + api
+    return [chain_score_column(m) for m in of_table(STEP_SCORES)] + api

@@ -21,6 +21,8 @@ CONFIG_HASH = "config_hash"  # Settings.scoring_hash(): models and scoring optio
 
 # The step scores' columns; their definitions, directions and chain aggregations are in the registry.
 INTRA_ENTAIL, INTER, INTRA_PVI, INFO_GAIN = MR.INTRA_ENTAIL, MR.INTER, MR.INTRA_PVI, MR.INFO_GAIN
+ARITH_VALID, ARITH_ERRORS, ARITH_FAILED = MR.ARITH_VALID, MR.ARITH_ERRORS, MR.ARITH_FAILED
+ARITH_CHECKED = "arith_checked"  # how many equations of the step the arithmetic check could evaluate
 
 INTER_WORST_PREMISE = "inter_worst_premise"  # the sentence or earlier conclusion with max contradiction
 INTER_WORST_SOURCE = "inter_worst_source"  # context | step:<j>
@@ -67,6 +69,18 @@ PVI_SCHEMA = StructType(
     ]
 )
 
+# The arithmetic check (udfs/arith.py, jobs/receval/arith_scores.py): no model, computed from the step text.
+ARITH_SCHEMA = StructType(
+    [
+        StructField(CHAIN_ID, StringType(), False),
+        StructField(STEP_IDX, IntegerType(), False),
+        StructField(ARITH_VALID, DoubleType(), True),
+        StructField(ARITH_ERRORS, IntegerType(), True),
+        StructField(ARITH_CHECKED, IntegerType(), True),
+        StructField(ARITH_FAILED, StringType(), True),
+    ]
+)
+
 SCHEMA = StructType(
     [
         StructField(CHAIN_ID, StringType(), False),
@@ -82,5 +96,6 @@ SCHEMA = StructType(
         StructField(SCORED_AT, TimestampType(), True),
         # Last: `tables.ensure` appends a nullable contract column to tables made before it.
         StructField(PVI_TRUNCATED, BooleanType(), True),
+        *ARITH_SCHEMA.fields[2:],  # issue 45: rows scored before it have them null
     ]
 )

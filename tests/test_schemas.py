@@ -10,8 +10,10 @@ from schemas import chain_scores, chains, cot, meta_eval, metrics, quarantine, s
 
 def test_every_metric_has_definition_and_direction():
     for m in metrics.REGISTRY:
-        assert m.definition and m.direction_text == "higher is better", m
-    assert chain_scores.metric_names() == metrics.names("step_scores")
+        # Higher is better, but for a per-step count (arith_errors), whose chain score is its total.
+        assert m.definition and m.direction_text == ("lower is better" if m.is_count else "higher is better"), m
+    assert chain_scores.metric_names() + chain_scores.count_names() == metrics.names("step_scores")
+    assert chain_scores.count_names() == ["arith_errors"]
 
 
 def test_step_scores_schema_holds_nli_and_pvi_columns():
@@ -22,10 +24,12 @@ def test_step_scores_schema_holds_nli_and_pvi_columns():
 
 
 def test_step_scores_flags_truncated_pvi_inputs_in_a_nullable_last_column():
-    # Last and nullable: tables.ensure appends it to step_scores tables made before it (issue #17).
-    field = step_scores.SCHEMA.fields[-1]
-    assert (field.name, field.dataType.simpleString(), field.nullable) == ("pvi_truncated", "boolean", True)
-    assert field.name == step_scores.PVI_TRUNCATED
+    # Last and nullable: tables.ensure appends it to step_scores tables made before it (issue #17), and after it
+    # the arithmetic check's columns (issue 45), for the same reason.
+    tail = [(f.name, f.dataType.simpleString(), f.nullable) for f in step_scores.SCHEMA.fields[-5:]]
+    assert tail == [("pvi_truncated", "boolean", True), ("arith_valid", "double", True), ("arith_errors", "int", True),
+                    ("arith_checked", "int", True), ("arith_failed", "string", True)]
+    assert tail[0][0] == step_scores.PVI_TRUNCATED
 
 
 def test_ensure_writes_tables_with_contract_schema(spark, settings):

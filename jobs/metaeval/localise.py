@@ -52,10 +52,11 @@ LONG_SCHEMA = StructType([
 
 def melt_step_scores(step_scores: DataFrame, metrics: Sequence[str], config_hash: str) -> DataFrame:
     """step_scores (one config hash) -> (chain_id, step_idx, metric, score)."""
-    known = MR.names(MR.STEP_SCORES)
+    known = [m.name for m in MR.ranked_step_scores()]  # a step is flagged below a threshold: higher-is-better
     unknown = sorted(set(metrics) - set(known))
     if unknown:
-        raise ValueError(f"localise.metrics: {unknown} are not step_scores metrics ({sorted(known)})")
+        raise ValueError(f"localise.metrics: {unknown} are not higher-is-better step_scores metrics "
+                         f"({sorted(known)})")
     return melt(step_scores.where(F.col(SS.CONFIG_HASH) == config_hash), [SS.CHAIN_ID, SS.STEP_IDX], metrics)
 
 

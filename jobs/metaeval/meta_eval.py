@@ -1,7 +1,8 @@
 """`chain_scores` + `baseline_scores` joined to `chains` labels -> `meta_eval` (Somers' D with 95% CIs).
 
 Every (dataset, label, metric) group gets D(score | label): label 1 = clean (or a higher rating), scores are
-higher-is-better, so D > 0 means the metric ranks clean chains higher. Groups up to
+higher-is-better (a count's total, arith_errors_total, enters negated), so D > 0 means the metric ranks clean
+chains higher. A chain whose score is null (arith_valid_min: no checkable equation) is left out of that group. Groups up to
 `meta_eval.spark_threshold` rows (and every ordinal label) are collected and computed on the driver with
 `scipy.stats.somersd(label, score)`, CI from a seeded label-stratified bootstrap; larger binary groups stay in
 Spark: D = 2*AUC - 1 from per-score-value counts (ties 1/2), CI from DeLong's variance of the AUC. A markdown
@@ -61,11 +62,15 @@ def melt(wide: DataFrame, keys: Sequence[str], metrics: Sequence[str]) -> DataFr
 
 
 def melt_chain_scores(chain_scores: DataFrame, metrics: Sequence[str], config_hash: str) -> DataFrame:
-    """chain_scores (one config hash) -> (chain_id, metric, score); booleans (API_k) count as 0/1."""
+    """chain_scores (one config hash) -> (chain_id, metric, score); booleans (API_k) count as 0/1, a lower-is-better
+    count's total (MR.lower_is_better_columns) is negated."""
     unknown = sorted(set(metrics) - set(CS.schema().fieldNames()))
     if unknown:
         raise ValueError(f"meta_eval.metrics: {unknown} are not chain_scores columns")
-    return melt(chain_scores.where(F.col(CS.CONFIG_HASH) == config_hash), [CS.CHAIN_ID], metrics)
+    lower = MR.lower_is_better_columns() & set(metrics)
+    scores = chain_scores.where(F.col(CS.CONFIG_HASH) == config_hash)
+    scores = scores.select(*[(-F.col(c)).alias(c) if c in lower else F.col(c) for c in scores.columns])
+    return melt(scores, [CS.CHAIN_ID], metrics)
 
 
 def long_frame(scores: DataFrame, chains: DataFrame, datasets: Sequence[str] | None = None) -> DataFrame:

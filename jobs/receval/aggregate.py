@@ -3,8 +3,10 @@
 A chain is as good as its worst step (docs/design/RECEVAL.md "Per chain"), so the chain score is the min; the index of
 that step (first on ties) says where the chain breaks. A metric that is null on any step of a chain (that
 step's scoring failed or has not run yet) gives a null chain score, never a min over the steps that happen
-to be there, which would flatter the chain. API_k(R) is the paper's definition: every window of k consecutive
-info_gain values sums to > 0. A chain with fewer than k steps has one window, the whole chain, so API_k is
+to be there, which would flatter the chain. A sparse score (arith_valid: null on a step without an equation)
+is the exception: its aggregations go over the steps that have a value, null when none has. A count's chain
+score (arith_errors_total) is its sum, null when a step's count is. API_k(R) is the paper's definition: every
+window of k consecutive info_gain values sums to > 0. A chain with fewer than k steps has one window, the whole chain, so API_k is
 "sum(info_gain) > 0" for it (the window cannot be longer than the chain; an empty chain never reaches here).
 """
 
@@ -31,16 +33,19 @@ MODEL_COLS = [CS.NLI_MODEL, CS.PVI_MODEL, CS.PVI_NULL_MODEL, CS.IG_MODEL]
 
 
 def _metric_aggs(metric: MR.Metric) -> list[Column]:
-    """The chain_scores columns of one step score: one per aggregation it declares (min, worst step, mean)."""
+    """The chain_scores columns of one step score: one per aggregation it declares (min, worst step, mean,
+    a count's total)."""
     value = F.col(metric.name)
     nulls = F.sum(F.when(value.isNull(), 1).otherwise(0))
     # min over struct(value, step_idx) gives the smallest value and, on ties, the smallest step index.
     worst = F.min(F.when(value.isNotNull(), F.struct(value.alias("v"), F.col(SS.STEP_IDX).alias("i"))))
-    complete = nulls == 0
+    # A sparse score's null says "does not apply here": the chain's value is over the steps that have one.
+    complete = F.lit(True) if metric.sparse else nulls == 0
     columns = {
         MR.MIN: F.when(complete, worst["v"]).alias(CS.min_col(metric.name)),
         MR.WORST_STEP: F.when(complete, worst["i"]).alias(CS.worst_step_col(metric.name)),
         MR.MEAN: F.when(complete, F.avg(value)).alias(CS.mean_col(metric.name)),
+        MR.TOTAL: F.when(complete, F.sum(value)).cast("int").alias(CS.total_col(metric.name)),
     }
     return [column for agg, column in columns.items() if agg in metric.aggregations]
 
@@ -113,8 +118,10 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
         chains = hold(transform(steps, settings.aggregate))
         counts = {
             "chains": chains.count(),
+            # A sparse score is null on a chain it does not apply to (no equation): not a sign of a missing step.
             "incomplete": chains.where(
-                F.greatest(*[F.col(c).isNull() for c in CS.score_columns()])
+                F.greatest(*[F.col(MR.chain_score_column(m)).isNull() for m in MR.of_table(MR.STEP_SCORES)
+                             if not m.sparse])
             ).count(),
         }
         tables.upsert(spark, chains, settings.table("chain_scores"), CS.schema(), KEYS)

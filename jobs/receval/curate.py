@@ -2,7 +2,8 @@
 
 With `curation.step_thresholds` (per-metric thresholds, e.g. calibrated by `python -m jobs.metaeval.localise`),
 `step_scores` too: every decision carries the chain's first flagged step and the metric that flagged it, the
-form process-reward data is curated in.
+form process-reward data is curated in. `curation.reject_arith_errors` rejects every chain with an equation that
+does not hold (rule `max:arith_errors_total<=0`) and flags its first such step (metric arith_valid).
 
 Decisions are written to `curation` in one MERGE first and copied to `curated`/`rejected` from there, so a
 run killed between the two copies finishes from the stored decisions: quantile bounds computed "over the
@@ -50,15 +51,15 @@ class Rule:
     """One curation rule; `id` is what `rejected.failed_rules` lists."""
 
     id: str
-    kind: str  # threshold | quantile | api_k | max_steps
+    kind: str  # threshold | quantile | api_k | max_steps | max
     column: str
-    bound: float | None  # the resolved lower (or, for max_steps, upper) bound
+    bound: float | None  # the resolved lower (or, for max_steps and max, upper) bound
 
     def passes(self) -> Column:
         value = F.col(self.column)
         if self.kind == "api_k":
             ok = value == F.lit(True)
-        elif self.kind == "max_steps":
+        elif self.kind in ("max_steps", "max"):
             ok = value <= F.lit(self.bound)
         elif self.bound is None:  # a quantile over an empty reference: nothing to compare against
             ok = F.lit(False)
@@ -93,7 +94,8 @@ def _fmt(value: float) -> str:
 
 
 def rules(cfg: CurationSettings, bounds: dict[str, float | None] | None = None) -> list[Rule]:
-    """The configured rules in a fixed order: thresholds, quantiles, API_k, max steps (keys sorted)."""
+    """The configured rules in a fixed order: thresholds, quantiles, API_k, max steps, arithmetic errors (keys
+    sorted)."""
     bounds = bounds or {}
     out = [
         Rule(f"threshold:{score_column(k)}>={_fmt(v)}", "threshold", score_column(k), float(v))
@@ -110,6 +112,9 @@ def rules(cfg: CurationSettings, bounds: dict[str, float | None] | None = None) 
         out.append(Rule(f"api_k:{CS.api_col(k)}", "api_k", CS.api_col(k), None))
     if cfg.max_steps is not None:
         out.append(Rule(f"max_steps:{CS.N_STEPS}<={cfg.max_steps}", "max_steps", CS.N_STEPS, float(cfg.max_steps)))
+    if cfg.reject_arith_errors:
+        column = CS.total_col(MR.ARITH_ERRORS)
+        out.append(Rule(f"max:{column}<=0", "max", column, 0.0))
     return out
 
 
@@ -118,10 +123,11 @@ def step_flags(step_scores: DataFrame, thresholds: dict[str, float]) -> DataFram
     scoring strictly below the threshold of any metric in `thresholds` (-1 and null when none is), as
     jobs.metaeval.localise predicts the earliest error. A null score flags nothing (udfs.localise.predicted_error).
     Spark-native: one aggregation, the earliest flagged (step, metric) as the min of a struct."""
-    known = MR.names(MR.STEP_SCORES)
+    known = [m.name for m in MR.ranked_step_scores()]
     unknown = sorted(set(thresholds) - set(known))
     if unknown:
-        raise ValueError(f"curation.step_thresholds: {unknown} are not step_scores metrics ({sorted(known)})")
+        raise ValueError(f"curation.step_thresholds: {unknown} are not higher-is-better step_scores metrics "
+                         f"({sorted(known)})")
     # The first metric in name order below its threshold at this step (coalesce keeps the first non-null).
     metric = F.coalesce(*[F.when(F.col(m) < F.lit(float(t)), F.lit(m)) for m, t in sorted(thresholds.items())])
     first = F.min(F.when(metric.isNotNull(), F.struct(F.col(SS.STEP_IDX).alias("i"), metric.alias("m"))))
@@ -164,8 +170,9 @@ def transform(
     step_scores: DataFrame | None = None,
 ) -> tuple[DataFrame, DataFrame]:
     """chain_scores -> (curated rows, rejected rows). Quantile bounds come resolved (see `quantile_bounds`);
-    `step_scores` (same config hash) give the first flagged steps when `cfg.step_thresholds` is set."""
-    flags = step_flags(step_scores, cfg.step_thresholds) if cfg.step_thresholds and step_scores is not None else None
+    `step_scores` (same config hash) give the first flagged steps when `cfg.flag_thresholds()` has any."""
+    thresholds = cfg.flag_thresholds()
+    flags = step_flags(step_scores, thresholds) if thresholds and step_scores is not None else None
     decisions = decide(chain_scores, rules(cfg, bounds), cfg.rules_hash(), run_id, flags)
     return split(decisions)
 
@@ -299,10 +306,11 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> C
         }
         rule_list = rules(cfg, bounds)
         flags = None
-        if cfg.step_thresholds:
+        if cfg.flag_thresholds():
             steps = tables.read(spark, settings.table("step_scores"), SS.SCHEMA).where(
                 F.col(SS.CONFIG_HASH) == config_hash)
-            flags = step_flags(steps.join(batch.select(CU.CHAIN_ID), SS.CHAIN_ID, "left_semi"), cfg.step_thresholds)
+            flags = step_flags(steps.join(batch.select(CU.CHAIN_ID), SS.CHAIN_ID, "left_semi"),
+                               cfg.flag_thresholds())
         decisions = hold(decide(batch, rule_list, rules_hash, run_id, flags))
         n_new = tables.insert_new(spark, decisions, decisions_path, DECISION_SCHEMA, CU.KEYS) if n_batch else 0
         # Copy every stored decision not yet in curated/rejected: also finishes a run killed after the MERGE above.
@@ -368,8 +376,8 @@ def _body(job: Job) -> CurationResult:
 
 
 def _reads(settings: Settings) -> tuple[str, ...]:
-    # step_scores only with curation.step_thresholds (each decision's first flagged step).
-    return ("chain_scores", *(("step_scores",) if settings.curation.step_thresholds else ()), "chains")
+    # step_scores only with step flags (curation.step_thresholds, reject_arith_errors): each first flagged step.
+    return ("chain_scores", *(("step_scores",) if settings.curation.flag_thresholds() else ()), "chains")
 
 
 STAGE = Stage("curate", __doc__, _body, reads=_reads, writes=("curation", "curated", "rejected"), section="curation")

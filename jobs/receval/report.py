@@ -23,6 +23,7 @@ from jobs.infra.config import Settings
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import curation as CU
+from schemas import metrics as MR
 from schemas import quarantine as Q
 from schemas import step_scores as SS
 from schemas import steps as ST
@@ -174,10 +175,15 @@ def _why(metric: str, step: dict[str, Any], score: dict[str, Any]) -> str:
             f"{num(score.get(SS.INFO_GAIN))} = {num(score.get(SS.IG_L))} - {num(score.get(SS.IG_L_PREV))}",
         ),
     ]
-    # A registered step score the rows above do not explain part by part still shows its value at this step.
-    others = [m for m in CS.metric_names() if m not in _EXPLAINED]
-    rows += [(m, num(score.get(m))) for m in others]
-    numeric = _NUMERIC_ROWS | set(others)  # num() has escaped them already
+    # A registered step score the rows above do not explain part by part still shows its value at this step, and
+    # what its registry entry names as the reason (arith_valid, arith_errors: `18 - 6 = 13 (is 12)`).
+    others = [m for m in MR.of_table(MR.STEP_SCORES) if m.name not in _EXPLAINED]
+    shown: set[str] = set()
+    for m in others:
+        detail = score.get(m.detail) if m.detail and m.detail not in shown else None
+        shown.add(m.detail or "")
+        rows.append((m.name, num(score.get(m.name)) + (f" — {esc(detail)}" if detail else "")))
+    numeric = _NUMERIC_ROWS | {m.name for m in others}  # num() and esc() have escaped them already
     body = "".join(f"<tr><td>{esc(k)}</td><td>{v if k in numeric else esc(v)}</td></tr>" for k, v in rows)
     return f'<table class="why">{body}</table>'
 

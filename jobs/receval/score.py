@@ -1,4 +1,5 @@
-"""`steps` + `contexts` -> `step_scores`: NLI and PVI scores joined per step; chains with a failed step -> `quarantine`.
+"""`steps` + `contexts` -> `step_scores`: NLI and PVI scores joined per step, and the arithmetic check of each
+step's text (jobs/receval/arith_scores.py: no model); chains with a failed step -> `quarantine`.
 
 A chain is scored whole or not at all: a step whose NLI or PVI scoring raised (an `error` column from the
 scoring transforms) or produced no row quarantines every step of its chain, so `chain_scores` never takes a
@@ -16,6 +17,7 @@ from jobs.infra import tables
 from jobs.infra.config import Settings
 from jobs.infra.progress import counted
 from jobs.infra.stage import Stage
+from jobs.receval import arith_scores
 from schemas import step_scores as SS
 from schemas import steps as ST
 
@@ -75,7 +77,8 @@ def score_steps(
     nli_df = _scores_with_error((nli or _nli)(steps, contexts, settings), SS.NLI_SCHEMA.fieldNames()[2:], "nli")
     pvi_df = _scores_with_error((pvi or _pvi)(steps, contexts, settings), SS.PVI_SCHEMA.fieldNames()[2:], "pvi",
                                 optional=(SS.PVI_TRUNCATED,))
-    keys = steps.select(ST.CHAIN_ID, ST.STEP_IDX, ST.CONFIG_HASH, F.to_json(F.struct(*steps.columns)).alias("_raw"))
+    keys = steps.select(ST.CHAIN_ID, ST.STEP_IDX, ST.CONFIG_HASH, *arith_scores.columns(F.col(ST.STEP_TEXT)),
+                        F.to_json(F.struct(*steps.columns)).alias("_raw"))
     joined = keys.join(nli_df, [SS.CHAIN_ID, SS.STEP_IDX], "left").join(pvi_df, [SS.CHAIN_ID, SS.STEP_IDX], "left")
     error = F.coalesce(
         F.when(F.col("_nli_error").isNotNull(), F.concat(F.lit("nli: "), F.col("_nli_error"))),

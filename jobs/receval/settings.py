@@ -186,6 +186,12 @@ class CurationSettings(Section):
     # that metric (curation.first_flagged_step / _metric; -1 = none flagged). A label, not a rule: no chain
     # passes or fails by it. Empty: no flags (null), and the rules hash of the rules before it.
     step_thresholds: dict[str, float] = Field(default_factory=dict)
+    # Drop math chains with wrong arithmetic in one setting (issue 45): the rule `arith_errors_total <= 0`
+    # (a chain with any equation that does not hold is rejected; a chain scored before the check existed has a
+    # null total and fails it, like any null score) and the flag `arith_valid < 1` among the step thresholds, so
+    # first_flagged_step / first_flagged_metric name the first step with a wrong equation (unless step_thresholds
+    # sets arith_valid itself). Off: neither, and the rules hash of the rules before it.
+    reject_arith_errors: bool = False
 
     @field_validator("quantiles")
     @classmethod
@@ -195,11 +201,19 @@ class CurationSettings(Section):
             raise ValueError(f"quantiles must lie in [0, 1]: {bad}")
         return value
 
+    def flag_thresholds(self) -> dict[str, float]:
+        """The step thresholds that flag steps: step_thresholds, plus arith_valid < 1 with reject_arith_errors."""
+        if self.reject_arith_errors:
+            return {"arith_valid": 1.0, **self.step_thresholds}
+        return dict(self.step_thresholds)
+
     def rules_hash(self) -> str:
         """Hash of the rules (not the reporting options): new rules curate every chain again."""
         keyed = self.model_dump(exclude={"histogram_bins"})
         if not keyed["step_thresholds"]:
             del keyed["step_thresholds"]  # chains decided before the setting existed keep their rules hash
+        if not keyed["reject_arith_errors"]:
+            del keyed["reject_arith_errors"]  # likewise
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 
 

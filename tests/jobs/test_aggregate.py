@@ -17,10 +17,12 @@ T1 = dt.datetime(2024, 1, 1, 12, 5, 0)
 
 
 def step(chain: str, idx: int, entail: float | None, pvi: float | None, inter: float | None, gain: float | None,
-         config: str = "h1", at: dt.datetime = T0) -> dict:
+         config: str = "h1", at: dt.datetime = T0, arith: tuple[float | None, int | None] = (None, 0)) -> dict:
+    """`arith`: (arith_valid, arith_errors); by default a step without an equation (null share, no error)."""
     return {
         SS.CHAIN_ID: chain, SS.STEP_IDX: idx, SS.CONFIG_HASH: config,
         SS.INTRA_ENTAIL: entail, SS.INTRA_PVI: pvi, SS.INTER: inter, SS.INFO_GAIN: gain,
+        SS.ARITH_VALID: arith[0], SS.ARITH_ERRORS: arith[1],
         SS.NLI_MODEL: "nli-m", SS.PVI_MODEL: "g-m", SS.PVI_NULL_MODEL: "g0-m", SS.IG_MODEL: "ig-m",
         SS.SCORED_AT: at,
     }
@@ -31,12 +33,15 @@ def frame(spark, rows: list[dict]):
 
 
 def expected(chain: str, n: int, mins: dict, worst: dict, means: dict, api: tuple, config: str = "h1",
-             at: dt.datetime = T0) -> dict:
+             at: dt.datetime = T0, arith: tuple = (None, None, None, 0)) -> dict:
+    """`arith`: arith_valid's min, worst step and mean, and arith_errors_total."""
     row = {CS.CHAIN_ID: chain, CS.CONFIG_HASH: config, CS.N_STEPS: n}
-    for m in CS.metric_names():
+    mins, worst, means = ({**d, SS.ARITH_VALID: v} for d, v in zip((mins, worst, means), arith[:3], strict=True))
+    for m in CS.metric_names():  # in schema order: Row(**row) is matched to the schema by position
         row[CS.min_col(m)] = mins[m]
         row[CS.worst_step_col(m)] = worst[m]
         row[CS.mean_col(m)] = means[m]
+    row[CS.total_col(SS.ARITH_ERRORS)] = arith[3]
     for k, v in zip(CS.API_KS, api, strict=True):
         row[CS.api_col(k)] = v
     row.update({CS.NLI_MODEL: "nli-m", CS.PVI_MODEL: "g-m", CS.PVI_NULL_MODEL: "g0-m", CS.IG_MODEL: "ig-m",
@@ -48,8 +53,9 @@ E, P, X, G = SS.INTRA_ENTAIL, SS.INTRA_PVI, SS.INTER, SS.INFO_GAIN  # X: inter
 
 # Rows deliberately out of step order: the job must not depend on row order.
 STEPS = [
-    step("a", 2, 0.2, -1.0, 0.5, 0.125),
-    step("a", 0, 0.9, 0.5, 1.0, 0.5),
+    # a: arith_valid over the two steps with equations only (sparse): min 0.5 at step 2, mean 0.75; 1 error.
+    step("a", 2, 0.2, -1.0, 0.5, 0.125, arith=(0.5, 1)),
+    step("a", 0, 0.9, 0.5, 1.0, 0.5, arith=(1.0, 0)),
     step("a", 1, 0.2, 2.0, 0.25, -0.25),
     step("b", 0, 0.75, 0.0, 1.0, 0.5),  # one step: shorter than k = 2, 3
     step("c", 1, 0.5, 1.0, 0.5, 0.25),
@@ -59,7 +65,7 @@ STEPS = [
     step("d", 2, 1.0, 1.0, 1.0, -0.0625),
     step("d", 3, 1.0, 1.0, 0.0, 0.375, at=T1),
     step("e", 0, 0.5, None, 0.5, 0.5),  # PVI failed on step 0: its chain scores are null
-    step("e", 1, 0.25, 1.0, 0.5, None),
+    step("e", 1, 0.25, 1.0, 0.5, None, arith=(None, None)),  # a count that is null: its total is null
     step("a", 0, 0.1, 0.1, 0.1, 0.1, config="h2"),  # same chain under another config: its own row
 ]
 
@@ -69,7 +75,7 @@ def test_transform_hand_computed(spark, settings):
     want = [
         # a: gains [0.5, -0.25, 0.125]; windows k=2: 0.25, -0.125 -> False; k=3: 0.375 -> True.
         expected("a", 3, {E: 0.2, P: -1.0, X: 0.25, G: -0.25}, {E: 1, P: 2, X: 1, G: 1},
-                 {E: 1.3 / 3, P: 1.5 / 3, X: 1.75 / 3, G: 0.375 / 3}, (False, False, True)),
+                 {E: 1.3 / 3, P: 1.5 / 3, X: 1.75 / 3, G: 0.375 / 3}, (False, False, True), arith=(0.5, 2, 0.75, 1)),
         # b: one step with gain 0.5: the whole chain is the one window for every k.
         expected("b", 1, {E: 0.75, P: 0.0, X: 1.0, G: 0.5}, {E: 0, P: 0, X: 0, G: 0},
                  {E: 0.75, P: 0.0, X: 1.0, G: 0.5}, (True, True, True)),
@@ -80,7 +86,7 @@ def test_transform_hand_computed(spark, settings):
         expected("d", 4, {E: 1.0, P: 1.0, X: 0.0, G: -0.0625}, {E: 0, P: 0, X: 3, G: 2},
                  {E: 1.0, P: 1.0, X: 0.75, G: 0.171875}, (False, True, True), at=T1),
         expected("e", 2, {E: 0.25, P: None, X: 0.5, G: None}, {E: 1, P: None, X: 0, G: None},
-                 {E: 0.375, P: None, X: 0.5, G: None}, (None, None, None)),
+                 {E: 0.375, P: None, X: 0.5, G: None}, (None, None, None), arith=(None, None, None, None)),
         expected("a", 1, {E: 0.1, P: 0.1, X: 0.1, G: 0.1}, {E: 0, P: 0, X: 0, G: 0},
                  {E: 0.1, P: 0.1, X: 0.1, G: 0.1}, (True, True, True), config="h2"),
     ]
@@ -123,11 +129,11 @@ def test_run_idempotent_upsert(spark, settings):
 def test_by_label_means_per_dataset_and_label_value(spark):
     from schemas import chains as C
 
-    cols = aggregate.label_score_cols()  # intra_entail_min, intra_pvi_min, inter_min, info_gain_min
+    cols = aggregate.label_score_cols()  # intra_entail_min, intra_pvi_min, inter_min, info_gain_min, arith_valid_min
     scores = spark.createDataFrame(
-        [("c1", 0.5, 1.0, 0.25, 0.5), ("c2", 0.25, -1.0, 0.75, None), ("c3", 0.0, 0.5, 0.5, -0.5),
-         ("c4", 1.0, 2.0, 1.0, 1.0)],
-        [CS.CHAIN_ID, *cols])
+        [("c1", 0.5, 1.0, 0.25, 0.5, 1.0), ("c2", 0.25, -1.0, 0.75, None, None), ("c3", 0.0, 0.5, 0.5, -0.5, 0.5),
+         ("c4", 1.0, 2.0, 1.0, 1.0, 0.25)],
+        f"{CS.CHAIN_ID} string, " + ", ".join(f"{c} double" for c in cols))
     chains = spark.createDataFrame(
         [("c1", "d1", {"ok": 1.0}), ("c2", "d1", {"ok": 0.0}), ("c3", "d1", {"ok": 0.0, "other": 1.0}),
          ("c4", "d2", None), ("c5", "d2", {"ok": 0.0}), ("c6", "d1", {"ok": None})],  # c5, c6: not scored
@@ -136,11 +142,11 @@ def test_by_label_means_per_dataset_and_label_value(spark):
     # Hand-derived: d1 all = c1..c3; ok=1: c1; ok=0: c2, c3 (info_gain of c2 null: the mean of c3's alone);
     # other=1: c3; d2 all = c4 (no labels). Rows: dataset, the "all" row first, then labels, values high to low.
     want = [
-        ("d1", "all", None, 3, 0.25, 0.5 / 3, 0.5, 0.0),
-        ("d1", "ok", 1.0, 1, 0.5, 1.0, 0.25, 0.5),
-        ("d1", "ok", 0.0, 2, 0.125, -0.25, 0.625, -0.5),
-        ("d1", "other", 1.0, 1, 0.0, 0.5, 0.5, -0.5),
-        ("d2", "all", None, 1, 1.0, 2.0, 1.0, 1.0),
+        ("d1", "all", None, 3, 0.25, 0.5 / 3, 0.5, 0.0, 0.75),
+        ("d1", "ok", 1.0, 1, 0.5, 1.0, 0.25, 0.5, 1.0),
+        ("d1", "ok", 0.0, 2, 0.125, -0.25, 0.625, -0.5, 0.5),
+        ("d1", "other", 1.0, 1, 0.0, 0.5, 0.5, -0.5, 0.5),
+        ("d2", "all", None, 1, 1.0, 2.0, 1.0, 1.0, 0.25),
     ]
     assert got.columns == [C.DATASET, "label", "value", "chains", *cols]
     rows = [tuple(r) for r in got.collect()]

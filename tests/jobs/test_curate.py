@@ -195,7 +195,7 @@ def test_run_tables_counts_pass_rates_and_labels(spark, night_one):
     # clean is binary: passed = {c1}; clean = {c1, c2, c5}. QUAL is ordinal: no precision/recall.
     assert result.labels == {"clean": {"precision": 1.0, "recall": exact(1 / 3), "n": 5.0}}
     assert [r["id"] for r in result.rules] == [T, Q, A, M] and result.rules[1]["bound"] == exact(0.7)
-    assert set(result.histograms) == {"intra_entail", "intra_pvi", "inter", "info_gain"}
+    assert set(result.histograms) == {"intra_entail", "intra_pvi", "inter", "info_gain", "arith_valid"}
     assert all(png.startswith(b"\x89PNG") for png in result.histograms.values())
 
 
@@ -211,8 +211,24 @@ def test_step_thresholds_unset_keep_the_rules_hash_and_unknown_metrics_fail(make
     assert make_settings().curation.rules_hash() == "7569bb4a30709919"
     assert make_settings(*RULES[:1], *RULES[3:4]).curation.rules_hash() == "b1d0fcff78416a2c"
     assert make_settings(*RULES[:1], *RULES[3:4], NIGHT[-1]).curation.rules_hash() != "b1d0fcff78416a2c"
-    with pytest.raises(ValueError, match=r"\['intra'\] are not step_scores metrics"):
+    # reject_arith_errors (issue 45) left off keeps them too; on, it is a new rule set.
+    assert make_settings("curation.reject_arith_errors=false").curation.rules_hash() == "7569bb4a30709919"
+    assert make_settings("curation.reject_arith_errors=true").curation.rules_hash() != "7569bb4a30709919"
+    with pytest.raises(ValueError, match=r"\['intra'\] are not higher-is-better step_scores metrics"):
         curate.step_flags(None, {"intra": 0.5})
+    with pytest.raises(ValueError, match=r"\['arith_errors'\] are not higher-is-better"):  # a count: no threshold
+        curate.step_flags(None, {"arith_errors": 0.5})
+
+
+def test_reject_arith_errors_is_one_rule_and_one_flag(make_settings):
+    on = make_settings("curation.reject_arith_errors=true").curation
+    assert [(r.id, r.kind, r.column, r.bound) for r in curate.rules(on)] == [
+        ("max:arith_errors_total<=0", "max", "arith_errors_total", 0.0)]
+    assert on.flag_thresholds() == {"arith_valid": 1.0}
+    both = make_settings("curation.reject_arith_errors=true", "curation.step_thresholds={inter: 0.5}").curation
+    assert both.flag_thresholds() == {"arith_valid": 1.0, "inter": 0.5}
+    off = make_settings().curation
+    assert (curate.rules(off), off.flag_thresholds()) == ([], {})
 
 
 def test_run_twice_adds_nothing(spark, night_one, make_settings, lake):

@@ -31,7 +31,8 @@ def _chain(chain_id: str, texts: list[str], worst: int, ie: float) -> tuple[dict
         i: {SS.INTRA_ENTAIL: 0.5, SS.INTRA_PREMISE: "p", SS.INTER: 0.2, SS.INTER_MAX_CONTRADICTION: 0.8,
             SS.INTER_WORST_PREMISE: f"context says {HOSTILE}", SS.INTER_WORST_SOURCE: "context",
             SS.INTRA_PVI: -0.1, SS.PVI_G: -1.0, SS.PVI_NULL: -0.9, SS.INFO_GAIN: 0.1 * (i - 1),
-            SS.IG_L_PREV: -2.0 + 0.1 * i, SS.IG_L: -1.9 + 0.1 * i}
+            SS.IG_L_PREV: -2.0 + 0.1 * i, SS.IG_L: -1.9 + 0.1 * i,
+            SS.ARITH_VALID: 0.5, SS.ARITH_ERRORS: 1, SS.ARITH_FAILED: f"18 - 6 = 13 (is 12) {HOSTILE}"}
         for i in range(len(texts))
     }
     detail = {"chain": {"context": f"Context {HOSTILE}", "question": "Q?", "answer": "7", "gold_answer": "8"},
@@ -73,12 +74,15 @@ def test_render_highlights_worst_step_and_explains_it():
     # One chain block per metric, each with exactly its worst step (index 1) highlighted.
     worst_items = re.findall(r'<li class="worst">([^<]*)</li>', page)
     assert worst_items == ["Then &lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&lt;img src=x "
-                           "onerror=&quot;alert(1)&quot;&gt; happened."] * 4
-    assert page.count("Why step 1 scored low") == 4
+                           "onerror=&quot;alert(1)&quot;&gt; happened."] * 5
+    assert page.count("Why step 1 scored low") == 5  # intra_entail, intra_pvi, inter, info_gain, arith_valid
+    # The arithmetic check's failing equation, once per "why" table, escaped like every chain text.
+    assert page.count("<tr><td>arith_valid</td><td>0.5000 — 18 - 6 = 13 (is 12) &lt;script&gt;") == 5
+    assert page.count("<tr><td>arith_errors</td><td>1</td></tr>") == 5
     assert "conclusion 1" in page and "context says &lt;script&gt;" in page
     assert "P(contradiction) = 0.8000" in page
     assert "-0.1000 = -1.0000 - -0.9000" in page  # intra_pvi = log p_g - log p_g'
-    assert page.count("<svg") == 4  # the information-gain curve of each block
+    assert page.count("<svg") == 5  # the information-gain curve of each block
 
 
 def test_curve_svg_marks_point_after_worst_step():

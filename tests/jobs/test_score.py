@@ -12,7 +12,9 @@ from schemas import steps as ST
 
 
 def _steps(spark, h: str):
-    rows = [(cid, h, i, n, f"{cid} step {i}", [], f"c{i}", "newline", "position", "fake")
+    # Step 1 has two equations, one wrong: the arithmetic check needs no model and scores it from the text.
+    rows = [(cid, h, i, n, f"{cid} step {i}" + (": 3 * 4 = 12 and 18 - 6 = 13." if i == 1 else ""), [], f"c{i}",
+             "newline", "position", "fake")
             for cid, n in (("ok", 2), ("nli-err", 2), ("pvi-gap", 1)) for i in range(n)]
     return spark.createDataFrame(rows, ST.SCHEMA)
 
@@ -48,7 +50,8 @@ def test_transform_joins_scores_and_quarantines_whole_chains(spark, settings):
     m = settings.models
     expected = spark.createDataFrame(
         [("ok", i, h, 0.5 + 0.25 * i, "p", 0.9, 0.1, "X.", "context", -0.5, -1.0, -0.5, float(i), -2.0, i - 2.0,
-          m.nli.path, None, m.pvi_g.path, m.pvi_null.path, m.info_gain.path, None, i == 1) for i in range(2)],
+          m.nli.path, None, m.pvi_g.path, m.pvi_null.path, m.info_gain.path, None, i == 1,
+          *((0.5, 1, 2, "18 - 6 = 13 (is 12)") if i == 1 else (None, 0, 0, None))) for i in range(2)],
         SS.SCHEMA,
     )
     assertDataFrameEqual(good.drop(SS.SCORED_AT), expected.drop(SS.SCORED_AT), **EXACT_FRAME)
