@@ -186,6 +186,54 @@ def test_share_prefixes_groups_a_chains_passes_on_their_own_token_ids(gpt2):
                                                             for j, _ in g.rows), key=len)) - 1
 
 
+def _sliding(tok, window: int):
+    """A random Gemma 3 (the small profile's information-gain architecture: sliding-window layers) over `tok`."""
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=window,
+        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=1024,
+        pad_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("window", [8, 4096])
+def test_shared_prefix_with_a_sliding_window_equals_separate_scoring(gpt2, window):
+    """A sliding-window layer's cache keeps only the window: passes longer than it are scored on their own
+    (shared, an 8-position window scored these passes up to 1% apart); within the window sharing still runs."""
+    _, tok = gpt2
+    model = _sliding(tok, window)
+    assert loglik.sliding_window(model) == window
+    sources, targets = _chain_pairs()
+    alone, shared = loglik.Stats(), loglik.Stats()
+    want = loglik.score(model, tok, "causal", sources, targets, 4, padding_side="left", stats=alone)
+    got = loglik.score(model, tok, "causal", sources, targets, 4, share_prefix=True, stats=shared)
+    for g, w in zip(got, want, strict=True):
+        assert g.sum_logprob == loglik_approx(w.sum_logprob)
+    encoded = loglik.encode_pairs(tok, "causal", sources, targets, None)
+    groups = loglik.share_prefixes(encoded)[0]
+    kept = loglik.within_window(model, encoded, groups)
+    if window == 8:  # every chain pass is longer than 8 positions: nothing shared, the same work as alone
+        assert groups and kept == [] and shared.positions == alone.positions
+    else:
+        assert kept == groups and shared.positions < alone.positions
+
+
+def test_sliding_window_reads_the_config():
+    def model(**config):
+        return type("M", (), {"config": type("C", (), config)()})()
+
+    assert loglik.sliding_window(model(sliding_window=512, layer_types=["sliding_attention", "full_attention"])) == 512
+    assert loglik.sliding_window(model(sliding_window=512, layer_types=["full_attention"])) is None
+    assert loglik.sliding_window(model(sliding_window=None, use_sliding_window=False)) is None  # Qwen2.5
+    assert loglik.sliding_window(model(sliding_window=4096, use_sliding_window=False)) is None
+    assert loglik.sliding_window(model(sliding_window=4096)) == 4096  # Mistral: every layer slides
+    assert loglik.sliding_window(model(n_positions=1024)) is None  # GPT-2
+
+
 def test_shared_prefix_runs_fewer_token_positions(gpt2):
     model, tok = gpt2
     sources, targets = _chain_pairs()
