@@ -429,17 +429,27 @@ def sliding_window(model: Any) -> int | None:
 
 
 def within_window(model: Any, encoded: Sequence[Encoded], groups: Sequence[PrefixGroup]) -> list[PrefixGroup]:
-    """The groups whose every pass fits the model's sliding window (all of them without one).
+    """The groups that can share their context exactly under the model's sliding window (all without one).
 
-    A sliding-window layer's cache keeps only the last `window` positions, so a row continuing a longer cached
-    context sees fewer keys than the same pass run whole (bench/device_gpu_path.py found it: a tiny Gemma 3 with
-    a 16-position window scored shared L(k) and option passes 0.2-1.2% apart from separate scoring). A pass that fits the
-    window sees the same keys either way; the others are scored on their own.
+    A sliding-window layer's window counts cached positions, not the row's own: contexts are batched to end in
+    one column, and each row continues after it, left-padded to its chunk's longest row, so a query can sit as
+    far as (longest context) + (longest row) positions after a key it needs. Past the window it no longer sees
+    that key, which the same pass run whole would (bench/device_gpu_path.py found it: a tiny Gemma 3 with a
+    16-position window scored shared L(k) and option passes 0.2-1.2% apart from separate scoring). So the widest
+    groups are left out until the longest kept context plus the longest kept row fits the window; their passes
+    are scored on their own.
     """
     window = sliding_window(model)
     if window is None:
         return list(groups)
-    return [g for g in groups if max(encoded[i].length for i, _ in g.rows) <= window]
+
+    def row(g: PrefixGroup) -> int:  # the longest sequence a row of the group runs after the context
+        return max(encoded[i].length - v - 1 for i, v in g.rows)
+
+    kept = sorted(groups, key=lambda g: len(g.context) + row(g))
+    while kept and max(len(g.context) for g in kept) + max(row(g) for g in kept) >= window:
+        kept.pop()
+    return kept
 
 
 def logprob_sums(
