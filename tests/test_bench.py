@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -149,3 +150,13 @@ def test_gpu_path_tiny_mode_runs_every_path_and_checks(tmp_path):
             assert row["b_tokens"] == row["c_tokens"] == size.gen_prompts * size.new_tokens
             assert row["b_tokens_per_s"] > 0 and row["c_tokens_per_s"] > 0
     assert r["sweep_bf16_b_s"] and all(t > 0 for t in r["sweep_bf16_b_s"].values())
+    # On a GPU the card's peak is known: the same timings give the utilisation, per chain and per part.
+    r["bf16_peak_flops"] = 1e12
+    gp.summarise(SimpleNamespace(results=r))
+    s = r["chain_scoring"]["bf16 paper"]
+    assert s["utilisation"]["b"] == pytest.approx(s["flops_per_chain"] / s["b_s_per_chain"] / 1e12)
+    nli = r["roles"]["nli"]["bf16"]
+    assert r["utilisation_bf16"]["nli"]["c"] == pytest.approx(nli["flops"] / nli["c_s"] / 1e12)
+    gen = r["roles"]["generate causal"]["bf16"][f"batch_{size.gen_batches[-1]}"]
+    assert r["utilisation_bf16"][f"generate causal batch_{size.gen_batches[-1]}"]["b"] == pytest.approx(
+        gen["flops"] / gen["b_s"] / 1e12)
