@@ -3,11 +3,13 @@ cluster): what CI can check of it."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -33,3 +35,128 @@ def test_bench_run_dry_mode_reports_both_ratios(tmp_path):
     # The same scoring on a two-worker standalone cluster (in-process driver, executors import the checkout).
     assert re.search(r"\| 2 \| [0-9.]+ \| [0-9.]+ \| 1\.00x \|", text), text[-3000:]
     assert not (tmp_path / "RESULTS.md").exists()  # a dry run records nothing
+
+
+# -- bench/device_gpu_path.py (issue 48): the GPU-path script in its CPU tiny mode, and its model shapes ---------
+def _gpu_path():
+    sys.path.insert(0, str(PROJECT_ROOT / "bench"))
+    import device_gpu_path
+
+    return device_gpu_path
+
+
+# The registry's exact counts (conf/model_registry.yaml) and the published sizes of the paper's checkpoints.
+PAPER_PARAMETERS = {"nli": 435_064_835, "pvi_g": 737_668_096, "pvi_null": 737_668_096, "info_gain": 1_557_611_200,
+                    "info_gain_small": 268_098_176, "generator": 630_167_424}  # fmt: skip
+SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "query_pre_attn_scalar", "sliding_window", "max_position_embeddings",
+              "tie_word_embeddings", "layer_types", "rope_parameters")  # fmt: skip
+
+
+@pytest.mark.parametrize(("role", "folder"), [("info_gain_small", "gemma3-270m"),
+                                              ("generator", "qwen2.5-coder-0.5b-instruct")])
+def test_gpu_path_registry_shapes_equal_the_fetched_configs(role, folder):
+    """The device cannot take the registry's weights (over 64 MiB): it builds their shapes, which must be theirs."""
+    path = PROJECT_ROOT / "models" / folder / "config.json"
+    if not path.is_file():
+        pytest.skip(f"models/{folder} is not fetched here (python -m jobs.infra.models fetch {folder})")
+    real = json.loads(path.read_text())
+    built = _gpu_path().model_configs("paper", {"pad": 0, "eos": 1, "endoftext": 3})[role].to_dict()
+    compared = [k for k in SHAPE_KEYS if k in real]
+    assert len(compared) >= 9
+    assert {k: built.get(k) for k in compared} == {k: real[k] for k in compared}
+
+
+@pytest.mark.slow
+def test_gpu_path_paper_shapes_have_the_paper_models_sizes():
+    """The paper-sized configs, instantiated on the meta device (no memory, no weights): their parameter counts."""
+    import torch
+    import transformers as tf
+
+    gp = _gpu_path()
+    auto = {"nli": tf.AutoModelForSequenceClassification, "seq2seq": tf.AutoModelForSeq2SeqLM,
+            "causal": tf.AutoModelForCausalLM}  # fmt: skip
+    counts = {}
+    for role, config in gp.model_configs("paper", {"pad": 0, "eos": 1, "endoftext": 3}).items():
+        with torch.device("meta"):
+            model = auto[gp.FAMILY[role]].from_config(config)
+        counts[role] = gp.parameter_counts(model)
+    assert {role: c["parameters"] for role, c in counts.items()} == PAPER_PARAMETERS
+    # The FLOPs estimate's body: everything but the embeddings and the output layer (Gemma's 168M-entry
+    # embedding is tied; Qwen's separate 136M-entry head is left out too).
+    assert counts["info_gain_small"]["body"] == 268_098_176 - 262_144 * 640
+    assert counts["generator"]["body"] == 630_167_424 - 2 * 151_936 * 896
+    assert counts["pvi_g"]["encoder_body"] + counts["pvi_g"]["decoder_body"] == counts["pvi_g"]["body"]
+
+
+def test_gpu_path_nli_pairs_are_the_workload_rule():
+    """The device script's copy of the NLI pair rule (bench/workload.py's needs pydantic, absent there)."""
+    sys.path.insert(0, str(PROJECT_ROOT / "bench"))
+    import workload
+
+    gp = _gpu_path()
+    chains = gp.load_chains()
+    assert len(chains) == 48 and {c.dataset for c in chains} == {"entailment_bank", "gsm8k"}
+    for c in chains:
+        same = workload.Chain(c.chain_id, c.context, c.premises, c.conclusions, c.answer)
+        assert gp.nli_pairs(c) == workload.nli_pairs(same)
+    requests = gp.lm_requests(chains, "info_gain")
+    assert len(requests) == 2 * sum(len(c.conclusions) for c in chains)  # L(i-1) and L(i) per step, officially
+
+
+@pytest.mark.slow
+def test_gpu_path_tiny_mode_runs_every_path_and_checks(tmp_path):
+    """The script the device runs, at its tiny size on CPU: every part comes back with the three paths timed,
+    the device the UDF factories chose, CPU-against-CPU equality and the targets computed from the timings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
+    out = subprocess.run(
+        [sys.executable, "bench/device_gpu_path.py", "--size", "tiny", "--out", str(tmp_path / "out"),
+         "--work", str(tmp_path / "models")],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    r = json.loads((tmp_path / "out" / "results.json").read_text())
+    gp = _gpu_path()
+    assert r["size"] == "tiny" and r["device"] == "cpu" and r["udf_device"] == "cpu"
+    assert r["bf16_peak_flops"] is None  # no peak for a CPU: no utilisation figure
+    assert set(r["models"]) == set(gp.FAMILY) and all(m["parameters"] > 0 for m in r["models"].values())
+    scoring = ("nli", "pvi_g", "pvi_null", "info_gain", "info_gain_small", "options seq2seq", "options causal")
+    assert set(r["roles"]) == {*scoring, "generate causal", "generate seq2seq"}
+    for key in scoring:
+        for dtype in ("fp32", "bf16"):
+            part = r["roles"][key][dtype]
+            assert part["udf_device"] == "cpu"  # no GPU here: the factories chose the CPU
+            assert all(part[p] > 0 for p in ("a_s", "b_s", "c_s")) and part["flops"] > 0
+            # The UDF path, the official shape and the raw forwards agree in fp32 on one device: batching,
+            # padding, prefix and prompt sharing change no score.
+            if dtype == "fp32":
+                assert part["check_vs_cpu_fp32"]["max_rel"] <= gp.FP32_REL_TOL, key
+                assert part["b_vs_a"]["max_rel"] <= gp.FP32_REL_TOL and part["b_vs_a"]["n"] > 0, key
+                assert part["b_vs_c"]["max_rel"] <= gp.FP32_REL_TOL and part["b_vs_c"]["n"] > 0, key
+            else:
+                assert part["check_vs_cpu_fp32"]["max_abs"] > 0  # bf16 is reported, and it does deviate
+    assert r["fp32_equal_to_cpu"] is True
+    for dtype in ("fp32", "bf16"):
+        s = r["chain_scoring"][f"{dtype} paper"]
+        assert s["b_over_a"] == pytest.approx(s["a_s_per_chain"] / s["b_s_per_chain"])
+        assert s["b_over_c"] == pytest.approx(s["c_s_per_chain"] / s["b_s_per_chain"])
+        assert s["met_b_over_a"] == (s["b_over_a"] >= 20) and s["met_b_over_c"] == (s["b_over_c"] >= 0.8)
+        assert "utilisation" not in s
+    size = gp.SIZES["tiny"]
+    for key in ("generate causal", "generate seq2seq"):
+        gen = r["roles"][key]["bf16"]
+        for batch in size.gen_batches:
+            row = gen[f"batch_{batch}"]
+            assert row["b_tokens"] == row["c_tokens"] == size.gen_prompts * size.new_tokens
+            assert row["b_tokens_per_s"] > 0 and row["c_tokens_per_s"] > 0
+    assert r["sweep_bf16_b_s"] and all(t > 0 for t in r["sweep_bf16_b_s"].values())
+    # On a GPU the card's peak is known: the same timings give the utilisation, per chain and per part.
+    r["bf16_peak_flops"] = 1e12
+    gp.summarise(SimpleNamespace(results=r))
+    s = r["chain_scoring"]["bf16 paper"]
+    assert s["utilisation"]["b"] == pytest.approx(s["flops_per_chain"] / s["b_s_per_chain"] / 1e12)
+    nli = r["roles"]["nli"]["bf16"]
+    assert r["utilisation_bf16"]["nli"]["c"] == pytest.approx(nli["flops"] / nli["c_s"] / 1e12)
+    gen = r["roles"]["generate causal"]["bf16"][f"batch_{size.gen_batches[-1]}"]
+    assert r["utilisation_bf16"][f"generate causal batch_{size.gen_batches[-1]}"]["b"] == pytest.approx(
+        gen["flops"] / gen["b_s"] / 1e12)

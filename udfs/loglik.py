@@ -413,14 +413,55 @@ def select_cache(cache: Any, index: torch.Tensor, config: Any) -> Any:
     return DynamicCache(ddp_cache_data=data, config=config)
 
 
+def sliding_window(model: Any) -> int | None:
+    """The attention window of a model with sliding-window layers (Gemma 3: 5 of every 6 layers, 512 positions;
+    Mistral-style models with use_sliding_window); None when every layer attends to the whole sequence."""
+    config = getattr(model, "config", None)
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return None
+    if getattr(config, "use_sliding_window", True) is False:
+        return None
+    types = getattr(config, "layer_types", None)
+    if types is not None and "sliding_attention" not in types:
+        return None
+    return window
+
+
+def within_window(model: Any, encoded: Sequence[Encoded], groups: Sequence[PrefixGroup]) -> list[PrefixGroup]:
+    """The groups that can share their context exactly under the model's sliding window (all without one).
+
+    A sliding-window layer's window counts cached positions, not the row's own: contexts are batched to end in
+    one column, and each row continues after it, left-padded to its chunk's longest row, so a query can sit as
+    far as (longest context) + (longest row) positions after a key it needs. Past the window it no longer sees
+    that key, which the same pass run whole would (bench/device_gpu_path.py found it: a tiny Gemma 3 with a
+    16-position window scored shared L(k) and option passes 0.2-1.2% apart from separate scoring). So the widest
+    groups are left out until the longest kept context plus the longest kept row fits the window; their passes
+    are scored on their own.
+    """
+    window = sliding_window(model)
+    if window is None:
+        return list(groups)
+
+    def row(g: PrefixGroup) -> int:  # the longest sequence a row of the group runs after the context
+        return max(encoded[i].length - v - 1 for i, v in g.rows)
+
+    kept = sorted(groups, key=lambda g: len(g.context) + row(g))
+    while kept and max(len(g.context) for g in kept) + max(row(g) for g in kept) >= window:
+        kept.pop()
+    return kept
+
+
 def logprob_sums(
     model: Any, family: Family, encoded: Sequence[Encoded], pad: int, batch_size: int, device: str = "cpu",
     padding_side: str = "right", sort: bool = True, groups: Sequence[PrefixGroup] = (), stats: Stats | None = None,
     max_tokens: int | None = None,
 ) -> dict[int, float]:  # fmt: skip
     """Summed target log-probs of every encoded pair, by index: pairs in `groups` (causal only) continue from
-    their group's cached context, the others are batched on their own."""
+    their group's cached context (groups that overrun a sliding window excepted), the others are batched on
+    their own."""
     stats = stats if stats is not None else Stats()
+    groups = within_window(model, encoded, groups)
     sums = shared_prefix_logprobs(model, encoded, groups, pad, batch_size, device, sort, stats, max_tokens) if groups else {}
     alone = [i for i in range(len(encoded)) if i not in sums]
     build = causal_batch if family == "causal" else seq2seq_batch

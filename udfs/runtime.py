@@ -91,24 +91,58 @@ def check_available(path: str, role: str) -> str:
     )
 
 
-def task_device(preference: str = "auto") -> str:
-    """The GPU Spark assigned to this task, else (local mode) the first visible GPU, else CPU."""
-    import torch
+DEVICES = ("auto", "cpu", "cuda")  # runtime.device
 
-    if preference == "cpu" or not torch.cuda.is_available():
-        if preference == "cuda":
-            raise RuntimeError("runtime.device=cuda but no CUDA device is visible to this worker")
-        return "cpu"
+
+def task_gpus() -> list[str]:
+    """The GPU addresses Spark assigned to this task (`TaskContext.resources()["gpu"]`, set by
+    spark.task.resource.gpu.amount); empty outside a Spark task, without pyspark, or for a task given none."""
     try:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        gpus = ctx.resources().get("gpu") if ctx is not None else None
-        if gpus is not None and gpus.addresses:
-            return f"cuda:{gpus.addresses[0]}"
-    except Exception:  # outside a Spark task
-        pass
+    except Exception:  # no pyspark (the device bench runs the UDF functions without it)
+        return []
+    if ctx is None:
+        return []
+    gpus = ctx.resources().get("gpu")
+    return list(gpus.addresses) if gpus is not None and gpus.addresses else []
+
+
+def choose_device(preference: str, cuda_devices: int, gpus: Sequence[str]) -> str:
+    """The device rule, without torch or Spark: `preference` (runtime.device), the CUDA devices this worker
+    sees and the GPU addresses Spark gave the task.
+
+    - cpu, or no CUDA device visible: the CPU (cuda then fails: a task that must not fall back says so);
+    - a task given a GPU: that GPU (Spark's addresses are the discovery script's indices, nvidia-smi's, which are
+      torch's as long as the executor does not remap CUDA_VISIBLE_DEVICES);
+    - CUDA visible but no GPU given (local mode, or outside Spark): the first visible GPU.
+    """
+    if preference not in DEVICES:
+        raise ValueError(f"runtime.device must be one of {DEVICES}, not {preference!r}")
+    if preference == "cpu":
+        return "cpu"
+    if cuda_devices < 1:
+        if preference == "cuda":
+            raise RuntimeError("runtime.device=cuda but no CUDA device is visible to this worker")
+        return "cpu"
+    if gpus:
+        index = int(gpus[0])
+        if not 0 <= index < cuda_devices:
+            raise RuntimeError(
+                f"Spark gave this task GPU {gpus[0]!r} but this worker sees {cuda_devices} CUDA device(s): the "
+                "discovery script's addresses must be CUDA indices (check CUDA_VISIBLE_DEVICES on the executors)"
+            )
+        return f"cuda:{index}"
     return "cuda:0"
+
+
+def task_device(preference: str = "auto") -> str:
+    """The GPU Spark assigned to this task, else (local mode) the first visible GPU, else CPU (`choose_device`)."""
+    import torch
+
+    visible = torch.cuda.device_count() if preference != "cpu" and torch.cuda.is_available() else 0
+    return choose_device(preference, visible, task_gpus() if visible else [])
 
 
 def torch_dtype(preference: str, device: str):

@@ -186,6 +186,73 @@ def test_share_prefixes_groups_a_chains_passes_on_their_own_token_ids(gpt2):
                                                             for j, _ in g.rows), key=len)) - 1
 
 
+def _sliding(tok, window: int):
+    """A random Gemma 3 (the small profile's information-gain architecture: sliding-window layers) over `tok`."""
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=window,
+        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=1024,
+        pad_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def _window_pairs() -> tuple[list[str], list[str]]:
+    """The chain's passes plus g'-style passes with long targets: one group with a long context and short rows,
+    one with a short context and long rows, so a batch can mix a long context with a long row."""
+    sources, targets = _chain_pairs()
+    long = [" the sun is a kind of star that gives off light and heat to the earth" + " and so on" * k for k in (2, 3, 4)]
+    return sources + ["Generate entailed sentence: None ->"] * 3, targets + long
+
+
+@pytest.mark.parametrize("window", [8, 60, 80, 4096])
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_shared_prefix_with_a_sliding_window_equals_separate_scoring(gpt2, window, batch_size):
+    """A sliding window counts cached positions: groups share their contexts only while the longest kept context
+    plus the longest kept row fits it; the rest are scored on their own, and every score equals separate
+    scoring (shared regardless, these passes scored up to 1% apart)."""
+    _, tok = gpt2
+    model = _sliding(tok, window)
+    assert loglik.sliding_window(model) == window
+    sources, targets = _window_pairs()
+    alone, shared = loglik.Stats(), loglik.Stats()
+    want = loglik.score(model, tok, "causal", sources, targets, batch_size, padding_side="left", stats=alone)
+    got = loglik.score(model, tok, "causal", sources, targets, batch_size, share_prefix=True, stats=shared)
+    for g, w in zip(got, want, strict=True):
+        assert g.sum_logprob == loglik_approx(w.sum_logprob)
+    encoded = loglik.encode_pairs(tok, "causal", sources, targets, None)
+    groups = loglik.share_prefixes(encoded)[0]
+    kept = loglik.within_window(model, encoded, groups)
+
+    def row(g):
+        return max(encoded[i].length - v - 1 for i, v in g.rows)
+
+    spans = sorted((len(g.context), row(g)) for g in groups)
+    assert len(groups) == 2 and spans[0][1] > spans[1][1]  # the short context has the longer rows
+    assert not kept or max(len(g.context) for g in kept) + max(row(g) for g in kept) < window
+    if window == 8:  # every pass is longer than 8 positions: nothing shared, the same work as alone
+        assert kept == [] and shared.positions == alone.positions
+    elif window in (60, 80):  # 80: each group alone fits, together they would not: the wider one is left out
+        assert len(kept) == 1 and all(len(g.context) + row(g) < window for g in groups) == (window == 80)
+    else:
+        assert len(kept) == 2 and shared.positions < alone.positions
+
+
+def test_sliding_window_reads_the_config():
+    def model(**config):
+        return type("M", (), {"config": type("C", (), config)()})()
+
+    assert loglik.sliding_window(model(sliding_window=512, layer_types=["sliding_attention", "full_attention"])) == 512
+    assert loglik.sliding_window(model(sliding_window=512, layer_types=["full_attention"])) is None
+    assert loglik.sliding_window(model(sliding_window=None, use_sliding_window=False)) is None  # Qwen2.5
+    assert loglik.sliding_window(model(sliding_window=4096, use_sliding_window=False)) is None
+    assert loglik.sliding_window(model(sliding_window=4096)) == 4096  # Mistral: every layer slides
+    assert loglik.sliding_window(model(n_positions=1024)) is None  # GPT-2
+
+
 def test_shared_prefix_runs_fewer_token_positions(gpt2):
     model, tok = gpt2
     sources, targets = _chain_pairs()
