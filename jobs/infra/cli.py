@@ -117,7 +117,11 @@ def run_module(module: str, prog: str, args: Sequence[str]) -> int:
     saved = sys.argv
     sys.argv = [prog, *args]
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=False)
+        with warnings.catch_warnings():
+            # Where the module was imported before (receval --help in the same process, a test), runpy warns that
+            # it runs a second copy as __main__: what `python -m` does too when another module imports it.
+            warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
+            runpy.run_module(module, run_name="__main__", alter_sys=False)
     except SystemExit as stop:
         code = stop.code
         if code is None or isinstance(code, int):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import pkgutil
@@ -296,11 +297,12 @@ def room_sections() -> dict[str, type[Section]]:
     found at run time: the platform names no room."""
     found: dict[str, type[Section]] = {}
     owner: dict[str, str] = {}
-    here = Path(__file__).resolve().parent
-    for room in pkgutil.iter_modules([str(here.parent)]):
-        if not room.ispkg or room.name == here.name or not (here.parent / room.name / "settings.py").exists():
-            continue
+    platform = __package__.rpartition(".")[2]
+    # Found by the import system, not on disk: the package may be a zip (spark-submit --py-files with the wheel).
+    for room in pkgutil.iter_modules(importlib.import_module(_ROOMS_PACKAGE).__path__):
         module = f"{_ROOMS_PACKAGE}.{room.name}.settings"
+        if not room.ispkg or room.name == platform or importlib.util.find_spec(module) is None:
+            continue
         for name, section in importlib.import_module(module).SECTIONS.items():
             if name in found or name in SECTIONS:
                 raise TypeError(f"section {name!r} is declared twice: by {module} and {owner.get(name, __name__)}")
