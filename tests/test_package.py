@@ -11,12 +11,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 from setuptools import find_packages
+from setuptools.config.pyprojecttoml import read_configuration
 
 from jobs.infra.config import PROJECT_ROOT
 
@@ -58,7 +58,7 @@ def site(wheel, tmp_path_factory) -> Path:
 
 
 def test_pyproject_lists_every_code_package_and_maps_the_data_folders():
-    config = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    config = read_configuration(PROJECT_ROOT / "pyproject.toml", expand=False)["tool"]["setuptools"]
     code = set(find_packages(str(PROJECT_ROOT), include=["jobs", "jobs.*", "udfs", "schemas"]))
     data = {p for p in config["packages"] if p.startswith(("jobs.infra.conf", "jobs.infra.sample_lake"))}
     # A new room must be added to the list (else the wheel lacks it); nothing else may be listed.

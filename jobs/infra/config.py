@@ -725,6 +725,10 @@ def random_models_note(settings: Settings) -> str | None:
     """A plain warning for summaries when the NLI model is the tiny random one (None otherwise)."""
     if settings.models.profile != "offline" or Path(settings.models.nli.path).name != "tiny-nli":
         return None
+    if checkout() is None:  # installed: no make; the README's "Real models" steps as receval commands
+        return ("NOTE: these scores come from tiny RANDOM models (models.profile=offline) and mean nothing. Build "
+                "the `small` profile's real models (README \"Real models\": receval data fetch ..., receval models "
+                "fetch gemma3-270m, receval train_nli, receval train_pvi) and run with --set models.profile=small.")
     return ("NOTE: these scores come from tiny RANDOM models (models.profile=offline) and mean nothing. Build the "
             "`small` profile's real models (NLI, PVI) with `make models` (42 min on a fresh 2-core clone, README); "
             "`make run` then uses them.")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -79,7 +81,29 @@ def build_session(spark: SparkSettings, extra: dict[str, str] | None = None) -> 
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(spark.log_level)
+    ship_wheels(session)
     return session
+
+
+def ship_wheels(session: SparkSession) -> list[str]:
+    """A wheel given to spark-submit (`--py-files receval_spark-*.whl`) is on the driver's Python path, but Spark
+    adds only .zip, .egg and .jar files to the executors' (pyspark SparkContext.PACKAGE_EXTENSIONS): the same file
+    under a .zip name reaches them too. Returns the copies added."""
+    from pyspark import SparkFiles
+
+    added = []
+    for entry in filter(None, session.sparkContext.getConf().get("spark.submit.pyFiles", "").split(",")):
+        name = os.path.basename(entry)
+        if not name.lower().endswith(".whl"):
+            continue
+        local = Path(SparkFiles.getRootDirectory()) / name  # the driver's copy (pyspark makes it)
+        if not local.is_file():
+            local = Path(entry.removeprefix("file:"))
+        copy = Path(tempfile.mkdtemp(prefix="receval-wheel-")) / f"{name[:-len('.whl')]}.zip"
+        shutil.copyfile(local, copy)
+        session.sparkContext.addPyFile(str(copy))
+        added.append(str(copy))
+    return added
 
 
 
