@@ -15,6 +15,7 @@ relative path in config.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -89,7 +90,9 @@ def _extract(inner: str, found) -> Path:
     """A package-data file or folder inside a zip, copied once per process to a temporary folder."""
     with _lock:
         if inner not in _extracted:
-            target = Path(tempfile.mkdtemp(prefix="receval-pkg-")) / inner
+            folder = tempfile.mkdtemp(prefix="receval-pkg-")
+            atexit.register(shutil.rmtree, folder, True)
+            target = Path(folder) / inner
             _copy(found, target)
             _extracted[inner] = target
         return _extracted[inner]

@@ -36,8 +36,10 @@ TOOLS = {
     "tiny-models": "jobs.infra.tiny_models",
     "tracking": "jobs.infra.tracking",
 }
-# `receval setup`: what `make setup` does after installing the Python packages, into the home folder.
-SETUP = (("jobs.infra.jars", ()), ("jobs.infra.tiny_models", ("--out", "models")))
+# `receval setup`: what `make setup` does after installing the Python packages, into the home folder. The jars
+# step takes the command line's --config/--set (spark.jars_dir); the tiny models go where the offline profile
+# names them (models/tiny-*, relative to the home folder).
+SETUP = (("jobs.infra.jars", True), ("jobs.infra.tiny_models", False))
 SETUP_PURPOSE = "the Delta jars (Maven Central -> .jars/) and the tiny offline models (-> models/), as make setup"
 _PACKAGE = __package__.rpartition(".")[0]  # "jobs"
 
@@ -140,8 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name == "setup":
-        for module, args in SETUP:
-            code = run_module(module, f"{PROG} setup", [*args, *rest])
+        for module, takes_settings in SETUP:
+            code = run_module(module, f"{PROG} setup", rest if takes_settings else ["--out", "models"])
             if code:
                 return code
         return 0

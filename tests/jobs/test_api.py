@@ -79,11 +79,12 @@ def test_score_chains_quarantines_bad_rows_with_ingests_reasons(spark, tiny_mode
     raw = spark.read.text(str(SAMPLE_LAKE / "bad_rows.jsonl"))
     with score_chains(raw, [f"paths.lake={tmp_path / 'lake'}"], json_column="value", source="notebook") as scores:
         assert scores.chain_scores.count() == 0 and scores.step_scores.count() == 0
-        got = {(r.chain_id, r.reason) for r in scores.quarantine.select("chain_id", "reason").collect()}
+        got = {(r.reason, r.raw) for r in scores.quarantine.select("reason", "raw").collect()}
         sources = {r.source for r in scores.quarantine.select("source").collect()}
-    # (tests/data/sample_lake/bad_rows.jsonl: no context; a blank chain; steps not a list; not JSON.)
-    assert got == {("bad-no-context", "missing_context"), ("bad-empty-chain", "empty_chain"),
-                   ("bad-steps-type", "wrong_type_steps"), (None, "malformed_json")}
+    # tests/data/sample_lake/bad_rows.jsonl, line by line: no context; a blank chain; steps not a list; not JSON.
+    lines = (SAMPLE_LAKE / "bad_rows.jsonl").read_text().splitlines()
+    assert got == {("missing_context", lines[0]), ("empty_chain", lines[1]), ("wrong_type", lines[2]),
+                   ("not_json", lines[3])}
     assert sources == {"notebook"}
     assert not (tmp_path / "lake").exists()
 
