@@ -307,20 +307,38 @@ class StandaloneCluster:
             env["SPARK_SUBMIT_OPTS"] = f"{env.get('SPARK_SUBMIT_OPTS', '')} {self.java_options}".strip()
         return env
 
+    def wheel_submit_command(
+        self, wheel: Path, jars: Sequence[Path], script: str, args: Sequence[str] = ()
+    ) -> list[str]:
+        """Plain spark-submit of `script` with the project as a wheel (--py-files) and the Delta jars (--jars), as
+        README "Install as a package" shows it: no checkout, no scripts/submit.sh."""
+        python = sys.executable
+        jvm = ["--conf", f"spark.executor.extraJavaOptions={self.java_options}"] if self.java_options else []
+        return [
+            str(spark_home() / "bin" / "spark-submit"), "--master", self.master_url, "--name", f"receval:{script}",
+            "--jars", ",".join(str(j) for j in jars), "--py-files", str(wheel),
+            "--conf", "spark.task.maxFailures=4",
+            "--conf", f"spark.pyspark.python={python}", "--conf", f"spark.pyspark.driver.python={python}",
+            "--conf", f"spark.executorEnv.PYSPARK_PYTHON={python}",
+            *jvm, script, *args,
+        ]
+
     def start_job(
-        self, module: str, args: Sequence[str] = (), log: Path | None = None, env: dict[str, str] | None = None
+        self, module: str, args: Sequence[str] = (), log: Path | None = None, env: dict[str, str] | None = None,
+        command: Sequence[str] | None = None, cwd: Path | None = None,
     ) -> subprocess.Popen:
-        """spark-submit in the background (the driver is a child of this process, not of the cluster)."""
+        """spark-submit in the background (the driver is a child of this process, not of the cluster): through
+        scripts/submit.sh from the checkout, or `command` (e.g. wheel_submit_command) run in `cwd`."""
         log = log or self.root / "logs" / f"submit-{time.time_ns()}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                self.submit_command(module, args),
+                list(command) if command is not None else self.submit_command(module, args),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=self.submit_env(env),
-                cwd=PROJECT_ROOT,
+                cwd=cwd or PROJECT_ROOT,
             )
         proc.log = log  # type: ignore[attr-defined]
         return proc

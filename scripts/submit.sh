@@ -9,10 +9,12 @@
 # (--conf k=v, --executor-memory ...). The module (jobs.x) or a .py file comes next; what follows goes to
 # the job (its --config/--set). What this does:
 #   * ships jobs/, udfs/ and schemas/ to the executors as one zip (--py-files), built fresh each time;
-#   * ships the Delta jars from the jar cache (.jars/, `python -m jobs.infra.jars`) with --jars;
+#   * ships the Delta jars from the jar cache (.jars/, `python -m jobs.infra.jars`) with --jars; none where the
+#     cluster provides Delta Lake: RECEVAL__SPARK__DELTA_JARS=false (the job's spark.delta_jars setting);
 #   * runs driver and Python workers with this project's interpreter (PYSPARK_PYTHON, default .venv/bin/python);
 #   * sets the job's spark.master setting to the same URL, so tracking tags name the real cluster.
 # Executors must see the same interpreter path and model folders (a shared or identical install).
+# Without a checkout, submit the wheel itself: README "Install as a package" (spark-submit --py-files the .whl).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,11 +46,18 @@ TARGET="$1"; shift
 
 SPARK_HOME="${SPARK_HOME:-$("$PY" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')}"
 export SPARK_HOME
-JARS="$(ls "$JARS_DIR"/*.jar 2>/dev/null | paste -sd, -)"
-if ! printf '%s' "$JARS" | grep -q 'delta-spark_'; then
-  echo "submit.sh: no Delta jars in $JARS_DIR; run '$PY -m jobs.infra.jars' once (needs Maven Central)" >&2
-  exit 2
-fi
+JAR_OPTS=()
+case "${RECEVAL__SPARK__DELTA_JARS:-true}" in
+  false|False|FALSE) ;;  # the cluster provides Delta Lake
+  *)
+    JARS="$(ls "$JARS_DIR"/*.jar 2>/dev/null | paste -sd, - || true)"  # no folder: the message below
+    if ! printf '%s' "$JARS" | grep -q 'delta-spark_'; then
+      echo "submit.sh: no Delta jars in $JARS_DIR; run '$PY -m jobs.infra.jars' once (needs Maven Central)," \
+        "or set RECEVAL__SPARK__DELTA_JARS=false where the cluster provides Delta Lake" >&2
+      exit 2
+    fi
+    JAR_OPTS=(--jars "$JARS") ;;
+esac
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/receval-submit.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
@@ -82,7 +91,7 @@ cd "$ROOT"
 "$SPARK_HOME/bin/spark-submit" \
   --master "$MASTER" \
   --name "receval:$TARGET" \
-  --jars "$JARS" \
+  ${JAR_OPTS[@]+"${JAR_OPTS[@]}"} \
   --py-files "$WORK/receval.zip" \
   --conf spark.task.maxFailures=4 \
   --conf "spark.pyspark.python=$PY" \

@@ -108,49 +108,16 @@ def assert_lakes_equal(spark, expected: Path, actual: Path, tables: Sequence[str
     assert nonempty >= len(tables) - 3, f"only {nonempty} of {len(tables)} tables hold rows: nothing was compared"
 
 
-# -- fault-injection entry point (spark-submit tests/cluster.py slow-scores MARKER_DIR DELAY ARGS...) -------
+# -- fault-injection entry point: tests/slow_scores.py (a file of its own, so a test can submit it from a folder
+# with no checkout beside the wheel); `spark-submit tests/cluster.py slow-scores ...` still runs it.
 def slow_scores(marker_dir: str, delay_s: float, argv: list[str]) -> None:
-    """`jobs.receval.pipeline.main` with the NLI model slowed down and announced, so a test can kill a worker mid-scoring.
+    from slow_scores import slow_scores as run
 
-    Each NLI batch in a Python worker writes `<marker_dir>/<pid>` (the worker whose node the test kills) and
-    sleeps before the real model runs; the scores are exactly the pipeline's, so the tables must equal a
-    clean run's.
-    """
-    import jobs.receval.nli_scores as nli_scores
-    import jobs.receval.pipeline as pipeline
-
-    real = nli_scores.predictor
-
-    def slow_predictor(*sections):
-        make = real(*sections)
-
-        def factory():
-            predict = make()
-
-            def slow_predict(premises, hypotheses):
-                import os as _os
-                import time as _time
-                from pathlib import Path as _Path
-
-                # Only the first batch anywhere sleeps (an exclusive claim file): one victim, no slow night.
-                try:
-                    _os.close(_os.open(_Path(marker_dir, "claimed"), _os.O_CREAT | _os.O_EXCL))
-                except FileExistsError:
-                    return predict(premises, hypotheses)
-                _Path(marker_dir, str(_os.getpid())).touch()
-                _time.sleep(delay_s)
-                return predict(premises, hypotheses)
-
-            return slow_predict
-
-        return factory
-
-    # nli_scores.plan looks `predictor` up at call time on the driver; the UDF pickles the slow factory.
-    nli_scores.predictor = slow_predictor
-    pipeline.main(argv)
+    run(marker_dir, delay_s, argv)
 
 
 if __name__ == "__main__":
+    sys.path.append(str(Path(__file__).resolve().parent))
     if sys.argv[1] == "slow-scores":
         slow_scores(sys.argv[2], float(sys.argv[3]), sys.argv[4:])
     else:

@@ -2,9 +2,11 @@
 
 One cluster (master + 2 workers, 1 core and 1500m each) serves the module. The reference is an in-process
 local[2] run of jobs.receval.pipeline (tiny offline models, 8 shuffle partitions); the cluster runs (16 shuffle
-partitions, two executors) and the local[1] run go through scripts/submit.sh exactly as an operator submits,
-so equal tables also show the scores do not depend on master, cores or partitioning. A worker killed in the
-middle of the scoring stage loses nothing.
+partitions, two executors) and the local[1] run go through scripts/submit.sh exactly as an operator submits
+from a checkout, and the worker-kill run as one submits without any: plain spark-submit from a folder holding
+only its entry script, the project shipped as its wheel (--py-files) and the Delta jars (--jars). Equal tables
+also show the scores do not depend on master, cores, partitioning or how the code got there. A worker killed in
+the middle of the scoring stage loses nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from cluster import (
 from conftest import TEST_JVM_OPTIONS, copy_sample
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
+from test_package import build_wheel
 from tolerance import EXACT_FRAME
 
 from jobs.infra.config import load_settings, small_built
@@ -152,22 +155,36 @@ def test_ingest_transform_invariant_to_partitions(spark, nightly_input, partitio
         spark.conf.set("spark.sql.shuffle.partitions", "2")
 
 
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
 # Last in the module: it leaves the cluster one worker short (full_cluster replaces it for any later test).
 @pytest.mark.cluster
 def test_worker_killed_mid_scoring_job_finishes_with_equal_tables(
-    spark, full_cluster, nightly_input, reference_lake, tmp_path
+    spark, full_cluster, nightly_input, reference_lake, wheel, tmp_path
 ):
     """spark-submit of the pipeline on the standalone cluster (two workers), one worker killed while its NLI task
     runs: the job finishes on the other and its tables equal the local-mode reference's, so the scores depend
-    on neither master, cores, partitioning nor a lost executor."""
+    on neither master, cores, partitioning nor a lost executor. Submitted as without a checkout: from a folder
+    holding only the entry script (and the tiny models the offline profile names, models/), the project as its
+    wheel, the Delta jars from the jar cache."""
     markers = tmp_path / "markers"
     markers.mkdir()
     lake = tmp_path / "lake"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copyfile(PROJECT_ROOT / "tests" / "slow_scores.py", outside / "slow_scores.py")
+    (outside / "models").symlink_to(PROJECT_ROOT / "models")  # as `receval setup` would have built them there
+    jars = sorted((PROJECT_ROOT / ".jars").glob("*.jar"))
     apps_before = len(full_cluster.state()["completedapps"])
     started = time.monotonic()
+    args = [str(markers), str(SLOW_BATCH_S),
+            *job_args(lake, nightly_input, "profile=cluster", f"spark.master={full_cluster.master_url}")]
     proc = full_cluster.start_job(
-        str(Path("tests") / "cluster.py"),
-        ["slow-scores", str(markers), str(SLOW_BATCH_S), *job_args(lake, nightly_input, "profile=cluster")],
+        "slow_scores.py", command=full_cluster.wheel_submit_command(wheel, jars, "slow_scores.py", args),
+        cwd=outside, env={"PYTHONPATH": ""},
     )
     victim, deadline = None, time.monotonic() + 1200
     while victim is None:
@@ -183,6 +200,7 @@ def test_worker_killed_mid_scoring_job_finishes_with_equal_tables(
     print(f"\n[cluster] worker-kill run: {time.monotonic() - started:.0f}s, killed {len(killed)} processes")
 
     assert result.returncode == 0, result.stdout[-6000:]
+    assert f"[slow_scores] jobs imported from {wheel}/jobs/__init__.py" in result.stdout  # the wheel, no checkout
     assert f"master={full_cluster.master_url}" in result.stdout  # the job saw the cluster, not local mode
     # The master ran it as an application on its workers (local mode would never register there).
     assert len(full_cluster.completed_apps(apps_before + 1)) == apps_before + 1

@@ -395,7 +395,7 @@ def test_project_registry_is_consistent() -> None:
 def test_registry_model_ref_resolves_or_says_how_to_fetch(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(runtime, "PROJECT_ROOT", tmp_path)
+    monkeypatch.setenv("RECEVAL_HOME", str(tmp_path))  # models/<name> under the home folder (udfs.home)
     with pytest.raises(runtime.ModelUnavailable, match=r"`python -m jobs\.infra\.models fetch gemma3-270m`"):
         runtime.resolve_model_path("registry:gemma3-270m")
     (tmp_path / "models" / "gemma3-270m").mkdir(parents=True)

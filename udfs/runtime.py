@@ -24,13 +24,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from udfs.home import checkout, command, home
+
 DEFAULT_CACHE_SIZE = 5  # runtime.model_cache_size (see above)
 _CACHE: OrderedDict[tuple[Any, ...], Any] = OrderedDict()  # least recently used first
 _cache_size = DEFAULT_CACHE_SIZE
 _LOCK = threading.RLock()
-# On cluster executors this module is imported from the shipped zip; scripts/submit.sh names the checkout
-# (executors share its install) so relative model folders resolve there as on the driver.
-PROJECT_ROOT = Path(os.environ.get("RECEVAL_PROJECT_ROOT") or Path(__file__).resolve().parent.parent)
+# Relative model folders resolve against udfs.home.home(): $RECEVAL_HOME (the session passes the driver's to the
+# executors, jobs.infra.session), else the checkout, else the working directory.
 
 
 class ModelUnavailable(RuntimeError):
@@ -45,11 +46,12 @@ REGISTRY_RECORD = "model_record.json"
 
 def registry_folder(name: str) -> Path:
     """models/<name> for `registry:<name>`, or a ModelUnavailable naming the command that fetches it."""
-    folder = PROJECT_ROOT / "models" / name
+    folder = home() / "models" / name
     if not (folder / REGISTRY_RECORD).is_file():
         raise ModelUnavailable(
             f"registered model {name!r} is not fetched here ({folder} has no {REGISTRY_RECORD}): run "
-            f"`python -m jobs.infra.models fetch {name}` (python -m jobs.infra.models list shows the registry)"
+            f"`{command(f'jobs.infra.models fetch {name}', f'models fetch {name}')}` "
+            f"({command('jobs.infra.models list', 'models list')} shows the registry)"
         )
     return folder
 
@@ -63,8 +65,8 @@ def resolve_model_path(path: str) -> str:
     if path.startswith(REGISTRY_PREFIX):
         return str(registry_folder(path[len(REGISTRY_PREFIX):]))
     p = Path(path).expanduser()
-    if not p.is_absolute() and (PROJECT_ROOT / p).exists():
-        return str(PROJECT_ROOT / p)
+    if not p.is_absolute() and (home() / p).exists():
+        return str(home() / p)
     return str(p) if p.exists() else path
 
 
@@ -83,8 +85,18 @@ def check_available(path: str, role: str) -> str:
         cached = None
     if isinstance(cached, str):
         return resolved
+    p = Path(path).expanduser()
+    if not p.is_absolute() and p.parts[0] == "models" and p.name.startswith("tiny-"):
+        # The offline profile's random models: built locally, never downloaded.
+        how = command("jobs.infra.tiny_models --out models", "setup")
+        raise ModelUnavailable(
+            f"models.{role}.path: the tiny offline model {path!r} is not built here (looked for {home() / p}); "
+            f"build it with `{how}`{' (or make setup)' if checkout() is not None else ''}, or set "
+            f"models.{role}.path / models.profile"
+        )
+    tried = f" (looked for the folder {home() / p})" if not p.is_absolute() else ""
     raise ModelUnavailable(
-        f"model {path!r} for {role!r} is not available on this machine: it is neither a local folder nor in "
+        f"model {path!r} for {role!r}{tried} is not available on this machine: it is neither a local folder nor in "
         f"the Hugging Face cache ({os.environ.get('HF_HOME', '~/.cache/huggingface')}), and this machine cannot "
         f"download it. Provide it with --set models.{role}.path=/path/to/model (a folder saved with "
         "save_pretrained), pre-fill the HF cache on a machine with a network, or use --set models.profile=offline."

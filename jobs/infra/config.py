@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import pkgutil
@@ -37,8 +38,14 @@ from pydantic import (
     field_validator,
 )
 
+from udfs.home import bundled, checkout, command, home, home_and_reason
+
+# The folder above jobs/: a checkout's root (tests and scripts find their files under it), or site-packages when
+# installed. Relative paths in config never resolve against it but against udfs.home.home().
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-CONF_DIR = PROJECT_ROOT / "conf"
+# The config layers: the checkout's conf/ (the files people edit), else the installed package's data (the same
+# files, mapped into the wheel by pyproject.toml). Missing only in a broken install; _read_yaml then says so.
+CONF_DIR = bundled("conf") or PROJECT_ROOT / "conf"
 DATA_TOKEN = "${paths.data}"  # dataset paths in config start with it (see resolve_path)
 ENV_PREFIX = "RECEVAL__"  # RECEVAL__NLI__BATCH_SIZE=32 sets nli.batch_size
 
@@ -66,8 +73,11 @@ class SparkSettings(Section):
     master: str = "local[*]"
     app_name: str = "receval"
     shuffle_partitions: int = Field(8, ge=1)
-    # Jars cached by `python -m jobs.infra.jars` so later sessions start without the network.
+    # Jars cached by `python -m jobs.infra.jars` (`receval jars`) so later sessions start without the network.
     jars_dir: str = ".jars"
+    # false: the cluster already provides Delta Lake (Databricks, EMR or Dataproc images with Delta, a
+    # spark-submit given --jars or --packages): the session adds no jars from jars_dir and needs none there.
+    delta_jars: bool = True
     ui: bool = False
     # Folder for Spark's event log (read by the History Server, docs/OPERATIONS.md); None: no event log.
     event_log: str | None = None
@@ -92,7 +102,8 @@ class PathSettings(Section):
         if not value.strip():
             raise ValueError("must name a folder, got an empty path")
         resolved = resolve_path(value.strip()).resolve()
-        if resolved in (Path(resolved.anchor), Path.home().resolve(), PROJECT_ROOT.resolve()):
+        if resolved in (Path(resolved.anchor), Path.home().resolve(), home().resolve(),
+                        *((root.resolve(),) if (root := checkout()) is not None else ())):
             raise ValueError(f"{value!r} resolves to {resolved}; name a folder of its own, e.g. {value.rstrip('/')}/lake")
         return value
 
@@ -109,7 +120,7 @@ class MlflowSettings(Section):
 
 def registered_model_names() -> list[str]:
     """The names of conf/model_registry.yaml (jobs.infra.models), read without validating the entries."""
-    raw = yaml.safe_load((CONF_DIR / "model_registry.yaml").read_text()) or {}
+    raw = yaml.safe_load(conf_file("model_registry.yaml").read_text()) or {}
     return list((raw.get("models") or {}) if isinstance(raw, dict) else {})
 
 
@@ -291,11 +302,12 @@ def room_sections() -> dict[str, type[Section]]:
     found at run time: the platform names no room."""
     found: dict[str, type[Section]] = {}
     owner: dict[str, str] = {}
-    here = Path(__file__).resolve().parent
-    for room in pkgutil.iter_modules([str(here.parent)]):
-        if not room.ispkg or room.name == here.name or not (here.parent / room.name / "settings.py").exists():
-            continue
+    platform = __package__.rpartition(".")[2]
+    # Found by the import system, not on disk: the package may be a zip (spark-submit --py-files with the wheel).
+    for room in pkgutil.iter_modules(importlib.import_module(_ROOMS_PACKAGE).__path__):
         module = f"{_ROOMS_PACKAGE}.{room.name}.settings"
+        if not room.ispkg or room.name == platform or importlib.util.find_spec(module) is None:
+            continue
         for name, section in importlib.import_module(module).SECTIONS.items():
             if name in found or name in SECTIONS:
                 raise TypeError(f"section {name!r} is declared twice: by {module} and {owner.get(name, __name__)}")
@@ -333,7 +345,10 @@ def __getattr__(name: str) -> Any:
 
 
 def resolve_path(path: str | os.PathLike[str], data: str | os.PathLike[str] | None = None) -> Path:
-    """Relative paths in config are relative to the project root, so jobs run from any folder.
+    """Relative paths in config are relative to home() (udfs.home: $RECEVAL_HOME, else the checkout this code runs
+    from, else the working directory), so jobs run from any folder and never write into the install location.
+    A relative path to something the project ships (conf/..., tests/data/sample_lake) that home() lacks is the
+    shipped copy: an installed package reads its own config files and sample lake.
 
     A leading ${paths.data} is the dataset folder: `data` when given, else the default `data/` (load_settings
     already replaced it with the configured paths.data in every section it returns).
@@ -342,7 +357,22 @@ def resolve_path(path: str | os.PathLike[str], data: str | os.PathLike[str] | No
     if text.startswith(DATA_TOKEN):
         text = os.fspath(data if data is not None else PathSettings().data) + text[len(DATA_TOKEN):]
     p = Path(text).expanduser()
-    return p if p.is_absolute() else PROJECT_ROOT / p
+    if p.is_absolute():
+        return p
+    here = home() / p
+    if not here.exists() and (shipped := bundled(p.as_posix())) is not None:
+        return shipped
+    return here
+
+
+def conf_file(name: str) -> Path:
+    """A file of the config layers (conf/<name>), or a ConfigError naming the path tried and how to get it back."""
+    path = CONF_DIR / name
+    if not path.is_file():
+        provider = ("restore it from git (git checkout -- conf/)" if checkout() is not None
+                    else "reinstall the package (pip install --force-reinstall receval-spark), which ships conf/")
+        raise ConfigError(f"conf/{name}: not found at {path}; {provider}")
+    return path
 
 
 def dataset_file(path: str | os.PathLike[str], setting: str, dataset: str) -> Path:
@@ -350,8 +380,9 @@ def dataset_file(path: str | os.PathLike[str], setting: str, dataset: str) -> Pa
     has no datasets until `python -m jobs.infra.data fetch` lays them out."""
     resolved = resolve_path(path)
     if not resolved.exists():
+        how = command(f"jobs.infra.data fetch {dataset}", f"data fetch {dataset}")
         raise FileNotFoundError(f"{setting}: {resolved} is missing; fetch it with "
-                                f"`python -m jobs.infra.data fetch {dataset}` (or make data)")  # fmt: skip
+                                f"`{how}`{' (or make data)' if checkout() is not None else ''}")  # fmt: skip
     return resolved
 
 
@@ -399,11 +430,17 @@ _Yaml12Loader.add_implicit_resolver(
 )
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise ConfigError(f"config file not found: {path}")
-    with path.open() as f:
-        data = yaml.load(f, Loader=_Yaml12Loader) or {}
+def _read_yaml(path: Path, setting: str = "--config") -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{setting}: config file not found: {path}" + (
+            f" (relative paths resolve against {home()})" if setting == "--config" else ""))
+    try:
+        with path.open() as f:
+            data = yaml.load(f, Loader=_Yaml12Loader) or {}
+    except OSError as err:
+        raise ConfigError(f"{setting}: cannot read config file {path}: {err.strerror or err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{setting}: config file {path} is not valid YAML: {err}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return data
@@ -535,27 +572,27 @@ def load_settings_with_sources(
     top = deep_merge(deep_merge(deep_merge({}, user), env), cli)
 
     sources: dict[str, str] = {}
-    layered = _read_yaml(CONF_DIR / "defaults.yaml")
+    layered = _read_yaml(conf_file("defaults.yaml"), "conf/defaults.yaml")
     sources.update(_layer_sources(layered, "conf/defaults.yaml"))
     profile = top.get("profile", layered.get("profile", "local"))
     profile_file = CONF_DIR / "profiles" / f"{profile}.yaml"
     if not profile_file.exists():
-        raise ConfigError(f"profile: unknown profile {profile!r} (no {profile_file.relative_to(PROJECT_ROOT)})")
-    profile_layer = _read_yaml(profile_file)
+        raise ConfigError(f"profile: unknown profile {profile!r} (no {profile_file}; profiles: "
+                          f"{', '.join(_names(CONF_DIR / 'profiles'))})")
+    profile_layer = _read_yaml(profile_file, "profile")
     layered = deep_merge(layered, profile_layer)
-    sources.update(_layer_sources(profile_layer, str(profile_file.relative_to(PROJECT_ROOT))))
+    sources.update(_layer_sources(profile_layer, f"conf/profiles/{profile}.yaml"))
     models_profile = (
         top.get("models", {}).get("profile")
         or layered.get("models", {}).get("profile", "offline")
     )
     models_file = CONF_DIR / "models" / f"{models_profile}.yaml"
     if not models_file.exists():
-        raise ConfigError(
-            f"models.profile: unknown model profile {models_profile!r} (no {models_file.relative_to(PROJECT_ROOT)})"
-        )
-    models_layer = _read_yaml(models_file)
+        raise ConfigError(f"models.profile: unknown model profile {models_profile!r} (no {models_file}; "
+                          f"model profiles: {', '.join(_names(CONF_DIR / 'models'))})")
+    models_layer = _read_yaml(models_file, "models.profile")
     layered = deep_merge(layered, models_layer)
-    sources.update(_layer_sources(models_layer, str(models_file.relative_to(PROJECT_ROOT))))
+    sources.update(_layer_sources(models_layer, f"conf/models/{models_profile}.yaml"))
     layered = deep_merge(layered, top)
     sources.update(_layer_sources(user, f"--config {config_file}"))
     sources.update(env_sources)
@@ -576,6 +613,11 @@ def load_settings_with_sources(
     return _with_data_folder(settings, settings.paths.data), sources
 
 
+def _names(folder: Path) -> list[str]:
+    """The layer names a conf/ folder offers (its YAML files' stems)."""
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
 def source_of(key: str, sources: Mapping[str, str], declared_in: str = "jobs/infra/config.py") -> str:
     """The layer that set a dotted key: its own entry, else the nearest enclosing key's (a dict set whole), else
     the default of the module that declares its section (`declared_in`)."""
@@ -594,12 +636,44 @@ def _declared_in(settings: Settings, key: str) -> str:
     return module.replace(".", "/") + ".py"
 
 
+def default_tracking_uri() -> str:
+    """The MLflow store when neither MLFLOW_TRACKING_URI nor mlflow.tracking_uri names one: a sqlite file in home()."""
+    return f"sqlite:///{home() / 'mlruns.db'}"
+
+
+# Settings that name a folder or file jobs write or read, resolved with resolve_path (--print-config shows where).
+PATH_KEYS = ("spark.jars_dir", "spark.event_log", "paths.lake", "paths.models", "paths.checkpoints", "paths.data",
+             "mlflow.artifact_location", "ingest.input")
+
+
+def _resolved(settings: Settings, key: str, value: str) -> str | None:
+    """Where a path setting points (None: not a path setting, or unset)."""
+    if key == "mlflow.tracking_uri":
+        if os.environ.get("MLFLOW_TRACKING_URI"):
+            return f"{os.environ['MLFLOW_TRACKING_URI']} ($MLFLOW_TRACKING_URI wins)"
+        return None if value != "null" else default_tracking_uri()
+    if key not in PATH_KEYS or value == "null":
+        return None
+    resolved = resolve_path(value)
+    shipped = checkout() is None and not Path(value).is_absolute() and resolved == bundled(Path(value).as_posix())
+    return f"{resolved} (shipped with the package)" if shipped else str(resolved)
+
+
 def describe(settings: Settings, sources: Mapping[str, str]) -> str:
-    """The resolved configuration, one `key: value  # source` line per setting (for --print-config)."""
+    """The resolved configuration, one `key: value  # source` line per setting (for --print-config); a path
+    setting also shows where it points (`-> /abs/path`). Two lines first say where the config layers were read
+    from and what relative paths resolve against (udfs.home)."""
     flat = flatten(settings.model_dump(mode="json"))
     width = min(60, max(len(f"{k}: {v}") for k, v in flat.items()))
-    return "\n".join(f"{f'{k}: {v}':<{width}}  # {source_of(k, sources, _declared_in(settings, k))}"
-                     for k, v in flat.items())
+    where, why = home_and_reason()
+    layers = "the checkout's conf/" if checkout() is not None else "the installed package's data"
+    lines = [f"# config layers: {CONF_DIR} ({layers})", f"# relative paths resolve against {where} ({why})"]
+    for k, v in flat.items():
+        note = source_of(k, sources, _declared_in(settings, k))
+        if (points := _resolved(settings, k, v)) is not None:
+            note += f" -> {points}"
+        lines.append(f"{f'{k}: {v}':<{width}}  # {note}")
+    return "\n".join(lines)
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -621,18 +695,18 @@ SMALL_PVI = "models/pvi-small"  # written by `make models` (jobs.training.train_
 SMALL_INFO_GAIN = "models/gemma3-270m"  # fetched by `make models` (jobs.infra.models fetch gemma3-270m)
 
 
-def small_built(root: str | os.PathLike[str] = PROJECT_ROOT) -> bool:
+def small_built(root: str | os.PathLike[str] | None = None) -> bool:
     """True once `make models` has built every model of the small profile: the NLI model (train_nli.json marks
     a finished run), g and g' (train_pvi.json in each kind's folder) and the information-gain model, fetched by
     name (model_record.json marks a finished fetch)."""
-    root = Path(root)
+    root = home() if root is None else Path(root)
     folders = {root / SMALL_NLI: "train_nli.json", root / SMALL_PVI / "g": "train_pvi.json",
                root / SMALL_PVI / "g_null": "train_pvi.json", root / SMALL_INFO_GAIN: "model_record.json"}
     return all((folder / "config.json").exists() and (folder / record).exists() for folder, record in folders.items())
 
 
 def with_built_models(argv: Sequence[str], environ: Mapping[str, str] | None = None,
-                      root: str | os.PathLike[str] = PROJECT_ROOT) -> list[str]:
+                      root: str | os.PathLike[str] | None = None) -> list[str]:
     """A job's command line with `--set models.profile=small` added when the small NLI model is built and no layer
     but conf/defaults.yaml chooses a model profile: `make run` then scores with a real NLI model once `make models`
     has run, and any profile chosen on the command line, in the environment or a --config file still wins.
@@ -656,6 +730,10 @@ def random_models_note(settings: Settings) -> str | None:
     """A plain warning for summaries when the NLI model is the tiny random one (None otherwise)."""
     if settings.models.profile != "offline" or Path(settings.models.nli.path).name != "tiny-nli":
         return None
+    if checkout() is None:  # installed: no make; the README's "Real models" steps as receval commands
+        return ("NOTE: these scores come from tiny RANDOM models (models.profile=offline) and mean nothing. Build "
+                "the `small` profile's real models (README \"Real models\": receval data fetch ..., receval models "
+                "fetch gemma3-270m, receval train_nli, receval train_pvi) and run with --set models.profile=small.")
     return ("NOTE: these scores come from tiny RANDOM models (models.profile=offline) and mean nothing. Build the "
             "`small` profile's real models (NLI, PVI) with `make models` (42 min on a fresh 2-core clone, README); "
             "`make run` then uses them.")

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pyspark
 
-from jobs.infra.config import PROJECT_ROOT, load_settings, resolve_path
+from jobs.infra.config import load_settings, resolve_path
 from jobs.infra.session import DELTA_PACKAGE, JarsMissing, delta_jars
+from udfs.home import home
 
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2/"
 
@@ -62,7 +63,7 @@ def _artifact(jar_name: str) -> str:
 
 
 def _shown(path: Path) -> str:
-    return f"{path.relative_to(PROJECT_ROOT)}/" if path.is_relative_to(PROJECT_ROOT) else str(path)
+    return f"{path.relative_to(home())}/" if path.is_relative_to(home()) else str(path)
 
 
 def _resolve(ivy: Path) -> None:

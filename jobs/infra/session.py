@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from jobs.infra.config import SparkSettings, resolve_path
+from udfs.home import HOME_ENV, command, home
 
 # Maven Central serves delta-spark_4.2_2.13 only at 4.4.0 (4.4.1: 404, checked 2026-11-30), so the
 # pip package is pinned to the same 4.4.0.
@@ -28,8 +31,9 @@ def delta_jars(jars_dir: str | os.PathLike[str]) -> list[Path]:
     jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
     if not any("delta-spark_" in j.name for j in jars):
         raise JarsMissing(
-            f"Delta jars not found in {folder}. Run `python -m jobs.infra.jars` once (needs Maven Central); "
-            "later runs work offline from that folder."
+            f"spark.jars_dir: Delta jars not found in {folder}. Run `{command('jobs.infra.jars', 'jars')}` once "
+            "(needs Maven Central); later runs work offline from that folder. Where the cluster provides Delta "
+            "Lake, set spark.delta_jars=false instead."
         )
     return jars
 
@@ -42,7 +46,6 @@ def build_session(spark: SparkSettings, extra: dict[str, str] | None = None) -> 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    jars = ",".join(str(j) for j in delta_jars(spark.jars_dir))
     builder = (
         SparkSession.builder.appName(spark.app_name)
         .config("spark.sql.extensions", DELTA_EXTENSION)
@@ -58,11 +61,17 @@ def build_session(spark: SparkSettings, extra: dict[str, str] | None = None) -> 
         .config("spark.ui.showConsoleProgress", str(spark.ui).lower())
         .config("spark.databricks.delta.schema.autoMerge.enabled", "false")
         .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
+        # Executors resolve relative model folders against the driver's home (udfs.home), not their own work
+        # folder: the same folder where they share the driver's file system, as scripts/submit.sh needs.
+        .config(f"spark.executorEnv.{HOME_ENV}", str(home()))
     )
     # Under spark-submit the JVM already runs with its --master and --jars (PYSPARK_GATEWAY_PORT is
-    # set); a plain `python -m jobs.x` starts the JVM here and must name both.
+    # set); a plain `python -m jobs.x` starts the JVM here and must name both, the jars only where the
+    # cluster does not provide Delta (spark.delta_jars).
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        builder = builder.master(spark.master).config("spark.jars", jars)
+        builder = builder.master(spark.master)
+        if spark.delta_jars:
+            builder = builder.config("spark.jars", ",".join(str(j) for j in delta_jars(spark.jars_dir)))
     if spark.event_log:
         # The History Server reads this folder after the job (docs/OPERATIONS.md); Spark needs it to exist.
         folder = resolve_path(spark.event_log)
@@ -72,7 +81,29 @@ def build_session(spark: SparkSettings, extra: dict[str, str] | None = None) -> 
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(spark.log_level)
+    ship_wheels(session)
     return session
+
+
+def ship_wheels(session: SparkSession) -> list[str]:
+    """A wheel given to spark-submit (`--py-files receval_spark-*.whl`) is on the driver's Python path, but Spark
+    adds only .zip, .egg and .jar files to the executors' (pyspark SparkContext.PACKAGE_EXTENSIONS): the same file
+    under a .zip name reaches them too. Returns the copies added."""
+    from pyspark import SparkFiles
+
+    added = []
+    for entry in filter(None, session.sparkContext.getConf().get("spark.submit.pyFiles", "").split(",")):
+        name = os.path.basename(entry)
+        if not name.lower().endswith(".whl"):
+            continue
+        local = Path(SparkFiles.getRootDirectory()) / name  # the driver's copy (pyspark makes it)
+        if not local.is_file():
+            local = Path(entry.removeprefix("file:"))
+        copy = Path(tempfile.mkdtemp(prefix="receval-wheel-")) / f"{name[:-len('.whl')]}.zip"
+        shutil.copyfile(local, copy)
+        session.sparkContext.addPyFile(str(copy))
+        added.append(str(copy))
+    return added
 
 
 

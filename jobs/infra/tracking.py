@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from jobs.infra.config import PROJECT_ROOT, Settings, flatten, resolve_path
+from jobs.infra.config import PROJECT_ROOT, Settings, default_tracking_uri, flatten, resolve_path
 
 log = logging.getLogger(__spec__.name)
 
@@ -47,7 +47,7 @@ def tracking_uri(settings: Settings) -> str:
         return env
     if settings.mlflow.tracking_uri:
         return settings.mlflow.tracking_uri
-    return f"sqlite:///{PROJECT_ROOT / 'mlruns.db'}"
+    return default_tracking_uri()
 
 
 def _git(*args: str) -> str | None:

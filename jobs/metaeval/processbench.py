@@ -29,6 +29,7 @@ from schemas import chains as C
 from schemas import quarantine as Q
 from schemas import step_labels as SL
 from udfs import processbench as P
+from udfs.home import command
 
 log = logging.getLogger(__spec__.name)
 
@@ -88,8 +89,8 @@ def load(cfg: ProcessBenchSettings) -> Loaded:
         path = subset_file(cfg, subset)
         if not path.is_file():
             raise FileNotFoundError(
-                f"processbench.subsets names {subset!r} but {path} is absent: `python -m jobs.infra.data fetch "
-                f"processbench` (OlympiadBench and Omni-MATH come only from upstream, not from a mirror), or leave "
+                f"processbench.subsets names {subset!r} but {path} is absent: "
+                f"`{command('jobs.infra.data fetch processbench', 'data fetch processbench')}` (OlympiadBench and Omni-MATH come only from upstream, not from a mirror), or leave "
                 f"the subset out")
         adapt_file(path.read_bytes(), subset, str(path), cfg, out)
     return out

@@ -40,6 +40,7 @@ from jobs.infra.config import Settings, resolve_path
 from jobs.infra.progress import Progress
 from jobs.infra.stage import Job, Stage
 from jobs.training.settings import NLI_LABELS, NliSourceSettings, TrainNliSettings
+from udfs.home import command
 
 log = logging.getLogger(__spec__.name)
 
@@ -139,7 +140,8 @@ def load_source(name: str, src: NliSourceSettings, settings: Settings | None = N
     path = resolve_path(src.path, settings.paths.data if settings is not None else None)
     refuse_evaluation_data(path, settings)
     if not path.is_file():
-        fetch = f" (python -m jobs.infra.data fetch {src.dataset})" if src.dataset else ""
+        how = f"data fetch {src.dataset}"
+        fetch = f" ({command(f'jobs.infra.{how}', how)})" if src.dataset else ""
         raise BadTrainingInput(f"{path}: source {name!r} file not found{fetch}")
     fmt = _format(src, path)
     if not fmt:

@@ -99,3 +99,29 @@ def test_main_killed_driver_then_rerun_equals_clean_run(spark, offline_run, tmp_
     assert summary.rows_after["chain_scores"] > 0
     _assert_lakes_equal(spark, load_settings(overrides=[f"paths.lake={killed_lake}"], environ={}),
                         load_settings(overrides=[f"paths.lake={offline_run.lake}"], environ={}))
+
+
+def test_api_score_chains_equals_the_pipelines_tables(spark, offline_run, tmp_path):
+    """jobs.receval.api.score_chains on the sample lake's chains, read as a notebook reads them (spark.read.json):
+    the step and chain scores the pipeline wrote, frame for frame (floats within fp32 noise: the pipeline scored
+    in two batches, the API in one), with nothing written."""
+    from cluster import STEP_SCORE_KEYS
+    from pyspark.testing import assertDataFrameEqual
+    from tolerance import assert_scores_close, scores_tol
+
+    from jobs.receval.api import score_chains
+
+    chains = spark.read.json(str(offline_run.input / "gsm8k_sample.jsonl"))
+    lake = tmp_path / "lake"
+    with score_chains(chains, [f"paths.lake={lake}", "models.profile=offline"]) as scores:
+        assert scores.config_hash == offline_run.summary.config_hash
+        want_steps = tables.read(spark, str(offline_run.lake / "step_scores")).drop("scored_at")
+        want_chains = tables.read(spark, str(offline_run.lake / "chain_scores")).drop("scored_at")
+        assert want_chains.count() == 24
+        assert_scores_close(scores.step_scores.drop("scored_at"), want_steps, keys=STEP_SCORE_KEYS)
+        assertDataFrameEqual(scores.chain_scores.drop("scored_at"), want_chains, rtol=0.0,
+                             atol=scores_tol(want_steps))
+        # The same chains: ids and content hashes (the `source` column names the frame, not the file).
+        assertDataFrameEqual(scores.chains.select("chain_id", "content_hash"),
+                             tables.read(spark, str(offline_run.lake / "chains")).select("chain_id", "content_hash"))
+    assert not lake.exists()
