@@ -557,8 +557,9 @@ def label_scores_table(rows: list[dict[str, Any]]):
     from jobs.receval.aggregate import label_score_cols
 
     cols = label_score_cols()
-    t = Table(title="Scores by label (chains scored by this run; mean of each chain's min over steps; "
-                    "label value 1 = no error, 0 = error)")
+    # The explanation is the caption: with every score a column, a long title would wrap inside its own words.
+    t = Table(title="Scores by label", caption="chains scored by this run; mean of each chain's min over steps; "
+                    "label value 1 = no error, 0 = error")  # fmt: skip
     for col in ("dataset", "label", "value", "chains", *cols):
         t.add_column(col, justify="left" if col in ("dataset", "label") else "right")
     for r in rows:

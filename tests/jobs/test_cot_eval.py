@@ -225,7 +225,7 @@ def test_cot_eval_metrics_match_predictions(e2e, spark):
     mgsm = metrics.where((F.col(S.DATASET) == "mgsm") & (F.col(S.METRIC_NAME) == "numeric_match")).count()
     assert mgsm > 0
     medians = metrics.where((F.col(S.DATASET) == "p3") & (F.col(S.AGGREGATE) == "median_template")).count()
-    assert medians == 10 * 2 * 3  # 10 tasks x 2 modes x (accuracy, acc_norm_token, acc_norm_byte)
+    assert medians == 10 * 2 * 4  # 10 tasks x 2 modes x (accuracy, acc_norm_token, acc_norm_byte, random_guess)
 
 
 @pytest.mark.dataset("bbh", "mgsm", "p3_heldout")

@@ -377,7 +377,9 @@ def test_report_of_the_clean_run_shows_worst_chains_and_quarantine(spark, clean_
     section = page.split("<h3>intra_entail</h3>")[1].split("<h3>")[0]
     assert section.index(f"<b>{lowest}</b>") >= 0
     assert section.count('<div class="chain">') == 2  # pipeline.report_worst_n=2
-    assert page.count("data:image/png;base64,") == 5  # one histogram per metric, the night-over-night chart
+    # One histogram per chain score column (CS.score_columns(), the arithmetic check's arith_valid_min too), the
+    # night-over-night chart.
+    assert page.count("data:image/png;base64,") == len(CS.score_columns()) + 1 == 6
     # Written next to the lake as well as to MLflow, the same page.
     assert Path(summary.report_file).parent == Path(settings.paths.lake) / "_reports"
     assert Path(summary.report_file).read_text() == page
