@@ -5,7 +5,6 @@ real processes is tests/jobs/test_overlapping_runs.py (slow) and tests/test_clus
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import threading
@@ -18,6 +17,7 @@ from delta.exceptions import ConcurrentAppendException
 
 from jobs.infra import claim, tables
 from jobs.infra.config import ConfigError, load_settings
+from jobs.infra.logs import setup_logging
 from jobs.infra.stage import Stage
 
 HOST = socket.gethostname()
@@ -43,6 +43,14 @@ def _plant(tmp_path: Path, generation: int = 0, *, host: str = "other-host", pid
         (where / f"{generation:020d}.beat.json").write_text(
             json.dumps({"at": now - (beat_age or 0.0), "released": released}))
     return record
+
+
+@pytest.fixture
+def logs(capsys):
+    """The jobs' log lines as a job prints them (jobs.infra.logs: to the standard error, not through the root
+    logger, so caplog would miss them once any job of this test process set logging up): `logs()` reads them."""
+    setup_logging("INFO")
+    return lambda: capsys.readouterr().err
 
 
 def _dead_pid() -> int:
@@ -84,16 +92,15 @@ def test_live_claim_on_another_host_is_busy_and_nothing_is_created(tmp_path):
     assert claim.generations(tmp_path / "lake" / claim.FOLDER) == [3]
 
 
-def test_dead_pid_on_this_host_is_taken_over_at_once(tmp_path, caplog):
+def test_dead_pid_on_this_host_is_taken_over_at_once(tmp_path, logs):
     settings = _settings(tmp_path, "pipeline.claim_ttl=3600", "pipeline.claim_heartbeat_s=60")
     dead = _dead_pid()
     _plant(tmp_path, 0, host=HOST, pid=dead)  # heartbeat fresh: only the pid shows it died
-    with caplog.at_level(logging.WARNING, logger="jobs.infra.claim"):
-        held = claim.take(settings, "pipeline", "run-b")
+    held = claim.take(settings, "pipeline", "run-b")
     claim.release(held)
     assert held.holder.generation == 1
     assert held.holder.took_over.endswith(f"its process (pid {dead}) is gone on this host")
-    assert f"took over the lake's claim from run run-0 (pipeline) on host {HOST}" in caplog.text
+    assert f"took over the lake's claim from run run-0 (pipeline) on host {HOST}" in logs()
 
 
 def test_reused_pid_on_this_host_is_not_the_holder(tmp_path):
@@ -132,19 +139,19 @@ def test_claim_without_a_heartbeat_ages_from_its_start(tmp_path):
     assert "its last heartbeat was 40 s ago" in held.holder.took_over
 
 
-def test_wait_takes_the_claim_once_released_and_says_who_held_it(tmp_path, caplog):
+def test_wait_takes_the_claim_once_released_and_says_who_held_it(tmp_path, logs):
     settings = _settings(tmp_path, "pipeline.on_busy=wait", "pipeline.claim_ttl=3600", "pipeline.claim_heartbeat_s=60")
     _plant(tmp_path, 0)
     releaser = threading.Timer(1.0, lambda: _plant(tmp_path, 0, released=True))
     releaser.start()
     started = time.monotonic()
-    with caplog.at_level(logging.INFO, logger="jobs.infra.claim"):
-        held = claim.take(settings, "pipeline", "run-b", poll_s=0.1)
+    held = claim.take(settings, "pipeline", "run-b", poll_s=0.1)
     claim.release(held)
     assert 0.9 < time.monotonic() - started < 10
     assert held.holder.generation == 1
-    assert "lake busy: claimed by run run-0 (pipeline) on host other-host" in caplog.text
-    assert "pipeline.on_busy=wait" in caplog.text
+    printed = logs()
+    assert "lake busy: claimed by run run-0 (pipeline) on host other-host" in printed
+    assert "pipeline.on_busy=wait" in printed
 
 
 def test_wait_gives_up_after_the_timeout(tmp_path):
@@ -156,7 +163,7 @@ def test_wait_gives_up_after_the_timeout(tmp_path):
     assert "still held after waiting" in str(busy.value) and "pipeline.wait_timeout_s" in str(busy.value)
 
 
-def test_force_takes_a_live_claim_and_its_holder_loses_it(tmp_path, caplog):
+def test_force_takes_a_live_claim_and_its_holder_loses_it(tmp_path, logs):
     settings = _settings(tmp_path, "pipeline.claim_ttl=3600", "pipeline.claim_heartbeat_s=60")
     mine = claim.take(settings, "pipeline", "run-a")
     try:
@@ -165,11 +172,10 @@ def test_force_takes_a_live_claim_and_its_holder_loses_it(tmp_path, caplog):
         other = load_settings(overrides=[f"paths.lake={tmp_path / 'lake'}", "pipeline.claim_host=driver-b"],
                               environ={})
         claim._held.pop(where)  # as if in another process: this one's registry would lend it its own claim
-        with caplog.at_level(logging.WARNING, logger="jobs.infra.claim"):
-            forced = claim.take(other, "maintain", "run-b", force=True)
+        forced = claim.take(other, "maintain", "run-b", force=True)
         claim._held[where] = mine
         assert forced.holder.forced and forced.holder.took_over.startswith("--force from run run-a")
-        assert "--force: took the lake's claim from run run-a" in caplog.text
+        assert "--force: took the lake's claim from run run-a" in logs()
         claim.check_held(settings)  # not noticed before the next heartbeat
         mine.beat()
         with pytest.raises(claim.ClaimLost, match="taken over by run run-b .maintain. on host driver-b"):

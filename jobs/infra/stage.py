@@ -114,6 +114,9 @@ class Stage:
         run_id = uuid.uuid4().hex
         held = None
         if not args.dry_run and self.written(settings):
+            from jobs.infra.logs import setup_logging
+
+            setup_logging(settings.log.level)  # the claim's lines (waiting, taken over) in the job's format
             try:
                 held = claim.take(settings, self.name, run_id, force=getattr(args, "force", False))
             except claim.LakeBusy as busy:
