@@ -24,7 +24,7 @@ from cluster import (
     job_args,
     kill_tree,
 )
-from conftest import TEST_JVM_OPTIONS, copy_sample
+from conftest import TEST_JVM_OPTIONS, copy_sample, sqlite_store
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 from tolerance import EXACT_FRAME
@@ -209,7 +209,7 @@ def test_claim_of_a_driver_on_another_host_expires_only_after_its_ttl(spark, ful
 
     lake_input = copy_sample(tmp_path / "input")
     lake = tmp_path / "lake"
-    pairs = ("pipeline.claim_heartbeat_s=1", "pipeline.claim_ttl=8", "pipeline.batch_chains=8",
+    pairs = ("pipeline.claim_heartbeat_s=2", "pipeline.claim_ttl=20", "pipeline.batch_chains=8",
              "pipeline.stages=[ingest,steps,scores,aggregate,curate]", "maintain.every_nights=null")
     started = time.monotonic()
     proc = full_cluster.start_job(str(Path("tests") / "cluster.py"), [
@@ -221,7 +221,7 @@ def test_claim_of_a_driver_on_another_host_expires_only_after_its_ttl(spark, ful
             time.sleep(0.2)
         held = claim.latest(lake / claim.FOLDER)
         assert held.host == "driver-a"
-        b_store = f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlruns-b.db'}"
+        b_store = f"mlflow.tracking_uri={sqlite_store(tmp_path / 'mlruns-b.db')}"
         driver_b = [*job_args(lake, lake_input, "spark.master=local[2]", "pipeline.claim_host=driver-b", *pairs),
                     "--set", b_store]
         capsys.readouterr()
@@ -238,8 +238,8 @@ def test_claim_of_a_driver_on_another_host_expires_only_after_its_ttl(spark, ful
     print(f"\n[cluster] claim across hosts: {time.monotonic() - started:.0f}s")
     taker = claim.read(lake / claim.FOLDER, 1)
     assert (taker.host, taker.run_id) == ("driver-b", summary.run_id)
-    assert taker.started - last_beat >= 8  # not at once: only the TTL frees another host's claim
-    assert "its last heartbeat was" in taker.took_over and taker.took_over.endswith("(pipeline.claim_ttl=8 s)")
+    assert taker.started - last_beat >= 20  # not at once: only the TTL frees another host's claim
+    assert "its last heartbeat was" in taker.took_over and taker.took_over.endswith("(pipeline.claim_ttl=20 s)")
     assert f"took over the lake's claim from run {held.run_id} (pipeline) on host driver-a" in capsys.readouterr().err
     chains = T.read(spark, str(lake / "chains"))
     assert chains.count() == 24 and chains.select("chain_id").distinct().count() == 24

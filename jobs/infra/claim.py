@@ -371,7 +371,7 @@ def take(settings: Settings, job: str, run_id: str, force: bool = False, poll_s:
         first_wait = now if first_wait is None else first_wait
         if now - first_wait > cs.wait_timeout_s:
             raise LakeBusy(where.parent, current, section, waited=now - first_wait)
-        if now - told >= cs.claim_heartbeat_s or told == 0.0:
+        if now - told >= settings.log.progress_seconds or told == 0.0:  # as often as a long stage's progress
             told = now
             log.info("[claim] lake busy: claimed by %s; waiting (%s.on_busy=wait, %.0f of %g s)",
                      current.describe(now), section, now - first_wait, cs.wait_timeout_s)

@@ -57,7 +57,7 @@ def _start(args: list[str], log: Path, module: str | None = None) -> subprocess.
                                 start_new_session=True)
 
 
-def _wait(proc: subprocess.Popen, timeout: float = 900) -> int:
+def _wait(proc: subprocess.Popen, timeout: float = 1800) -> int:
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
