@@ -66,7 +66,7 @@ def _wait(proc: subprocess.Popen, timeout: float = 1800) -> int:
         raise
 
 
-def _until(log: Path, text: str, proc: subprocess.Popen, timeout: float = 600) -> None:
+def _until(log: Path, text: str, proc: subprocess.Popen, timeout: float = 1500) -> None:
     deadline = time.time() + timeout
     while text not in log.read_text():
         assert proc.poll() is None, f"ended ({proc.returncode}) before {text!r}:\n{log.read_text()[-4000:]}"
