@@ -31,7 +31,7 @@ from scripts.cluster import (  # noqa: E402
 )
 
 __all__ = ["PROJECT_ROOT", "SUBMIT", "Daemon", "StandaloneCluster", "alive", "children", "free_port", "kill_tree",
-           "spark_home", "job_args", "assert_lakes_equal", "slow_scores"]
+           "spark_home", "job_args", "assert_lakes_equal", "slow_scores", "fake_night"]
 
 # The job the cluster tests submit: the whole nightly pipeline (ingest, steps, scores, aggregate, curate).
 PIPELINE_MODULE = "jobs.receval.pipeline"
@@ -116,9 +116,22 @@ def slow_scores(marker_dir: str, delay_s: float, argv: list[str]) -> None:
     run(marker_dir, delay_s, argv)
 
 
+def fake_night(argv: list[str]) -> None:
+    """`jobs.receval.pipeline.main` with the fake stages of tests/jobs/pipeline_fakes.py (column expressions only:
+    the executors need no test module): a driver on the cluster that holds the lake's claim (test_cluster)."""
+    sys.path.append(str(Path(__file__).resolve().parent / "jobs"))
+    from pipeline_fakes import Fakes
+
+    import jobs.receval.pipeline as pipeline
+
+    pipeline.main(argv, transforms=Fakes().transforms())
+
+
 if __name__ == "__main__":
     sys.path.append(str(Path(__file__).resolve().parent))
     if sys.argv[1] == "slow-scores":
         slow_scores(sys.argv[2], float(sys.argv[3]), sys.argv[4:])
+    elif sys.argv[1] == "fake-night":
+        fake_night(sys.argv[2:])
     else:
         raise SystemExit(f"unknown command {sys.argv[1]!r}")

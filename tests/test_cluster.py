@@ -12,6 +12,7 @@ the middle of the scoring stage loses nothing.
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -23,8 +24,9 @@ from cluster import (
     StandaloneCluster,
     assert_lakes_equal,
     job_args,
+    kill_tree,
 )
-from conftest import TEST_JVM_OPTIONS, copy_sample
+from conftest import TEST_JVM_OPTIONS, copy_sample, sqlite_store
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 from test_package import build_wheel
@@ -209,3 +211,54 @@ def test_worker_killed_mid_scoring_job_finishes_with_equal_tables(
     assert_lakes_equal(spark, reference_lake, lake)
     chains = spark.read.format("delta").load(str(lake / "chains"))
     assert chains.groupBy("chain_id").count().where(F.col("count") > 1).count() == 0  # no task wrote twice
+
+
+@pytest.mark.cluster
+def test_claim_of_a_driver_on_another_host_expires_only_after_its_ttl(spark, full_cluster, tmp_path, capsys):
+    """A night submitted to the cluster, its driver recording host `driver-a`, holds the lake's claim. A run that
+    calls itself `driver-b` (a second driver host; `pipeline.claim_host`) sees it busy and names the holder's
+    host. Once driver-a is SIGKILLed, driver-b cannot ask about a pid of another host: it takes over only when
+    driver-a's last heartbeat is `claim_ttl` old, says so, and finishes the night."""
+    from jobs.infra import claim
+    from jobs.infra import tables as T
+
+    sys.path.append(str(PROJECT_ROOT / "tests" / "jobs"))
+    from pipeline_fakes import Fakes
+
+    lake_input = copy_sample(tmp_path / "input")
+    lake = tmp_path / "lake"
+    pairs = ("pipeline.claim_heartbeat_s=2", "pipeline.claim_ttl=20", "pipeline.batch_chains=8",
+             "pipeline.stages=[ingest,steps,scores,aggregate,curate]", "maintain.every_nights=null")
+    started = time.monotonic()
+    proc = full_cluster.start_job(str(Path("tests") / "cluster.py"), [
+        "fake-night", *job_args(lake, lake_input, "profile=cluster", "pipeline.claim_host=driver-a", *pairs)])
+    try:
+        while not claim.generations(lake / claim.FOLDER):
+            assert proc.poll() is None, Path(proc.log).read_text()[-6000:]
+            assert time.monotonic() - started < 300, "no claim within 5 minutes"
+            time.sleep(0.2)
+        held = claim.latest(lake / claim.FOLDER)
+        assert held.host == "driver-a"
+        b_store = f"mlflow.tracking_uri={sqlite_store(tmp_path / 'mlruns-b.db')}"
+        driver_b = [*job_args(lake, lake_input, "spark.master=local[2]", "pipeline.claim_host=driver-b", *pairs),
+                    "--set", b_store]
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as busy:
+            pipeline.main(driver_b, transforms=Fakes().transforms())
+        assert busy.value.code == claim.EXIT_BUSY
+        assert f"is busy: claimed by run {held.run_id} (pipeline) on host driver-a, pid {held.pid}" in \
+            capsys.readouterr().err
+    finally:
+        kill_tree(proc.pid)  # the driver and spark-submit, no cleanup: driver-a's claim stays behind
+        proc.wait()
+    last_beat = claim.latest(lake / claim.FOLDER).last_beat
+    summary = pipeline.main([*driver_b, "--set", "pipeline.on_busy=wait"], transforms=Fakes().transforms())
+    print(f"\n[cluster] claim across hosts: {time.monotonic() - started:.0f}s")
+    taker = claim.read(lake / claim.FOLDER, 1)
+    assert (taker.host, taker.run_id) == ("driver-b", summary.run_id)
+    assert taker.started - last_beat >= 20  # not at once: only the TTL frees another host's claim
+    assert "its last heartbeat was" in taker.took_over and taker.took_over.endswith("(pipeline.claim_ttl=20 s)")
+    assert f"took over the lake's claim from run {held.run_id} (pipeline) on host driver-a" in capsys.readouterr().err
+    chains = T.read(spark, str(lake / "chains"))
+    assert chains.count() == 24 and chains.select("chain_id").distinct().count() == 24
+    assert T.read(spark, str(lake / "chain_scores")).count() == 24

@@ -84,3 +84,50 @@ def test_ensure_makes_partitioned_table_with_properties_and_no_data_files(spark,
     # Existing: nothing new is committed.
     tables.ensure(spark, path, schema, partition_by=["day"], properties={"delta.enableChangeDataFeed": "true"})
     assert tables.version(spark, path) == 0
+
+
+def _racing(n: int, work) -> list[BaseException]:
+    """Run `work(i)` in `n` threads released together; the exceptions they raised."""
+    import threading
+
+    barrier, errors = threading.Barrier(n), []
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            work(i)
+        except BaseException as err:  # noqa: BLE001 - collected for the assertion
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+def test_ensure_by_writers_racing_to_create_one_table_is_no_error(spark, tmp_path):
+    """Issue 49: two nights on a new lake both found `chains` missing; the second failed creating it. Four
+    writers create one table at once: every one gets the table, made once (version 0)."""
+    path = str(tmp_path / "chains")
+    assert _racing(4, lambda i: tables.ensure(spark, path, chains.SCHEMA)) == []
+    assert tables.version(spark, path) == 0
+    assertSchemaEqual(tables.read(spark, path).schema, tables.as_nullable(chains.SCHEMA))
+
+
+def test_insert_only_merges_racing_on_one_table_insert_each_key_once(spark, tmp_path):
+    """Concurrent insert-only MERGEs of overlapping keys: the ones that lose a commit to another retry
+    (tables.committed) and insert only what is still missing."""
+    CS = chain_scores
+    path = str(tmp_path / "chain_scores")
+    keys = [CS.CHAIN_ID, CS.CONFIG_HASH]
+    tables.ensure(spark, path, CS.SCHEMA)
+    frames = [spark.createDataFrame([{**{f.name: None for f in CS.SCHEMA.fields}, CS.CHAIN_ID: f"c{j}",
+                                      CS.CONFIG_HASH: "h", CS.N_STEPS: 1} for j in range(i, 6)], CS.SCHEMA)
+              for i in range(3)]  # 6, 5 and 4 of the same keys
+    inserted: list[int] = []
+    assert _racing(3, lambda i: inserted.append(tables.insert_new(spark, frames[i], path, CS.SCHEMA, keys))) == []
+    rows = tables.read(spark, path)
+    assert rows.count() == 6 and rows.select(*keys).distinct().count() == 6
+    assert sum(inserted) == 6

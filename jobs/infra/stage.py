@@ -16,15 +16,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import sys
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import SparkSession
 
-from jobs.infra import lineage
+from jobs.infra import claim, lineage, tables
 from jobs.infra.config import Settings, describe, load_settings_with_sources
-from jobs.infra.tracking import JobRun, job_run
+from jobs.infra.tracking import JobRun, job_run, skipped_run
 
 Tables = tuple[str, ...] | Callable[[Settings], tuple[str, ...]]
 
@@ -71,6 +73,11 @@ class Stage:
     def outputs(self, settings: Settings) -> tuple[str, ...]:
         return self.writes(settings) if callable(self.writes) else self.writes
 
+    def written(self, settings: Settings) -> tuple[str, ...]:
+        """Every table a run of the stage writes: its own, and its parts' for a composition (the pipeline)."""
+        names = [*self.outputs(settings), *(n for part in self.parts for n in part.written(settings))]
+        return tuple(dict.fromkeys(names))
+
     def parser(self) -> argparse.ArgumentParser:
         """The command line: the stage's own flags, then the ones every stage has."""
         epilog = f"settings: the `{self.section}` section (see --print-config)" if self.section else None
@@ -85,6 +92,10 @@ class Stage:
         parser.add_argument(
             "--dry-run", action="store_true", help="print what the stage would read, do and write; change nothing"
         )
+        if self.writes or self.parts:
+            parser.add_argument(
+                "--force", action="store_true",
+                help="take the lake's claim even from a live run (logged; docs/OPERATIONS.md, Overlapping runs)")
         return parser
 
     def main(self, argv: Sequence[str] | None = None) -> Any:
@@ -96,6 +107,34 @@ class Stage:
             raise SystemExit(0)
         if self.check is not None:
             self.check(settings, args)
+        if self.body is None and not args.dry_run:
+            raise SystemExit(f"{self.name} runs only as a part of a composed stage (the pipeline)")
+        # A run that writes the lake's tables holds the lake's claim while it runs, taken before Spark starts: a
+        # busy lake costs a second run no JVM, and it writes nothing (jobs.infra.claim).
+        run_id = uuid.uuid4().hex
+        held = None
+        if not args.dry_run and self.written(settings):
+            from jobs.infra.logs import setup_logging
+
+            setup_logging(settings.log.level)  # the claim's lines (waiting, taken over) in the job's format
+            try:
+                held = claim.take(settings, self.name, run_id, force=getattr(args, "force", False))
+            except claim.LakeBusy as busy:
+                name = self.run_name(args) if self.run_name is not None else self.name
+                skipped_run(settings, name, run_id, str(busy), {
+                    "lake_claim.holder_run": busy.holder.run_id, "lake_claim.holder_host": busy.holder.host,
+                    "lake_claim.holder_job": busy.holder.job})
+                print(f"{self.name}: {busy}", file=sys.stderr, flush=True)
+                raise SystemExit(claim.EXIT_BUSY) from None
+        try:
+            return self._run(args, settings, run_id, held)
+        except (tables.CommitConflict, claim.ClaimLost) as err:  # the job's log and MLflow run say more
+            raise SystemExit(f"{self.name}: error: {err}") from None
+        finally:
+            if held is not None:
+                claim.release(held)
+
+    def _run(self, args: argparse.Namespace, settings: Settings, run_id: str, held: claim.Claim | None) -> Any:
         spark = None
         if self.uses_spark:
             from jobs.infra.session import build_session
@@ -104,12 +143,16 @@ class Stage:
         if args.dry_run:
             print(dry_run(spark, settings, self, args))
             raise SystemExit(0)
-        if self.body is None:
-            raise SystemExit(f"{self.name} runs only as a part of a composed stage (the pipeline)")
+        assert self.body is not None
         name = self.run_name(args) if self.run_name is not None else self.name
         # A composition's parts record their own tables (the pipeline's child runs); without Spark, no tables.
         records = spark is not None and not self.parts
-        with job_run(settings, name) as tracked:
+        with job_run(settings, name, local_id=run_id) as tracked:
+            if held is not None:
+                h = held.holder
+                tracked.set_tags({"lake_claim.generation": h.generation, "lake_claim.host": h.host,
+                                  **({"lake_claim.took_over": h.took_over} if h.took_over else {}),
+                                  **({"lake_claim.forced": "true"} if h.forced else {})})
             if records:
                 lineage.log_tables(spark, settings, tracked, self.inputs(settings), "input")
             result = self.body(Job(spark, settings, tracked, args))

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
 
+from delta import exceptions as delta_errors
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -11,6 +15,47 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructT
 
 from jobs.infra.config import Settings
 from schemas import quarantine as Q
+
+log = logging.getLogger(__spec__.name)
+
+# Delta's commit conflicts (optimistic concurrency: another writer committed what this transaction read).
+CONFLICTS = (
+    delta_errors.DeltaConcurrentModificationException, delta_errors.ConcurrentWriteException,
+    delta_errors.MetadataChangedException, delta_errors.ProtocolChangedException,
+    delta_errors.ConcurrentAppendException, delta_errors.ConcurrentDeleteReadException,
+    delta_errors.ConcurrentDeleteDeleteException, delta_errors.ConcurrentTransactionException,
+)
+# Attempts of an insert-only MERGE that lost its commit to a concurrent writer, and the first wait (doubled each
+# time, with jitter so two losers do not collide again): 1 + 2 + 4 + 8 s ~ 15 s, longer than any one MERGE of a
+# night here. A lake claimed by one run sees no conflict; these cover a writer that holds no claim (--force, a
+# notebook), and give up with a clear word rather than spin.
+COMMIT_ATTEMPTS = 5
+FIRST_BACKOFF_S = 1.0
+
+
+class CommitConflict(RuntimeError):
+    """An idempotent write lost every attempt to concurrent writers of its table."""
+
+
+def committed(path: str, write: Callable[[], int], attempts: int = COMMIT_ATTEMPTS,
+              backoff_s: float = FIRST_BACKOFF_S) -> int:
+    """`write()` (an idempotent commit: built and run again on each attempt, so it reads the table's newest
+    version), retried with backoff when Delta reports a concurrent modification; CommitConflict at the end."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return write()
+        except CONFLICTS as err:
+            kind = type(err).__name__
+            if attempt == attempts:
+                raise CommitConflict(
+                    f"{path}: {attempts} commits in a row lost to concurrent writers ({kind}); another run is "
+                    "writing this lake (docs/OPERATIONS.md, Overlapping runs). Every write here is idempotent: "
+                    "run again once it has ended") from err
+            wait = backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 2)
+            log.warning("[tables] %s: a concurrent writer committed first (%s); attempt %d of %d in %.1f s",
+                        path, kind, attempt + 1, attempts, wait)
+            time.sleep(wait)
+    raise AssertionError("unreachable")
 
 
 class Held:
@@ -73,16 +118,50 @@ def ensure(
     """Create an empty table with the contract schema when missing; `properties` are set on it (also on an
     existing table that lacks them, e.g. the change data feed on a table made before it was configured)."""
     if not exists(spark, path):
-        # A metadata-only commit (Delta's table builder): no Spark job and no empty data file, where writing an
-        # empty frame ran both (0.34 -> 0.18 s a table on 2 cores, bench/table_create.py; a new lake gets 14).
-        # Columns nullable, as the DataFrame write made them: the builder would turn a contract's non-null field
-        # into a NOT NULL constraint that tables made before never had (a behaviour change, not a speed-up).
-        builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(as_nullable(schema))
-        if partition_by:
-            builder = builder.partitionedBy(*partition_by)
-        for key, value in (properties or {}).items():
-            builder = builder.property(key, value)
-        return builder.execute()  # made with the contract's columns and properties: nothing to check below
+        created = _create(spark, path, schema, partition_by, properties)
+        if created is not None:
+            return created  # made with the contract's columns and properties: nothing to check
+    return _conform_existing(spark, path, schema, properties)
+
+
+def _create(
+    spark: SparkSession, path: str, schema: StructType, partition_by: Sequence[str], properties: dict[str, str] | None
+) -> DeltaTable | None:
+    """Create the table; None when another writer created it meanwhile (then it is conformed like any existing
+    one). Two runs that both found it missing both create: the loser finds a Delta log that is new (version 0
+    committed), or still being committed (its folder not empty yet no table: DELTA_CREATE_TABLE_WITH_NON_EMPTY_
+    LOCATION), or a protocol change under it. It waits for the winner's commit, up to COMMIT_ATTEMPTS times."""
+    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        try:
+            return _build(spark, path, schema, partition_by, properties)
+        except Exception as err:
+            if exists(spark, path):
+                log.info("[tables] %s: created by a concurrent writer (%s); using it", path, type(err).__name__)
+                return None
+            if attempt == COMMIT_ATTEMPTS:
+                raise
+            time.sleep(FIRST_BACKOFF_S * attempt / 2)
+    raise AssertionError("unreachable")
+
+
+def _build(
+    spark: SparkSession, path: str, schema: StructType, partition_by: Sequence[str], properties: dict[str, str] | None
+) -> DeltaTable:
+    # A metadata-only commit (Delta's table builder): no Spark job and no empty data file, where writing an
+    # empty frame ran both (0.34 -> 0.18 s a table on 2 cores, bench/table_create.py; a new lake gets 14).
+    # Columns nullable, as the DataFrame write made them: the builder would turn a contract's non-null field
+    # into a NOT NULL constraint that tables made before never had (a behaviour change, not a speed-up).
+    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(as_nullable(schema))
+    if partition_by:
+        builder = builder.partitionedBy(*partition_by)
+    for key, value in (properties or {}).items():
+        builder = builder.property(key, value)
+    return builder.execute()
+
+
+def _conform_existing(
+    spark: SparkSession, path: str, schema: StructType, properties: dict[str, str] | None
+) -> DeltaTable:
     table = DeltaTable.forPath(spark, path)
     # A nullable column added to a contract (at its end) reaches tables made before it, so MERGE can insert it.
     columns = set(table.toDF().columns)
@@ -146,8 +225,9 @@ def insert_new(
     """
     table = ensure(spark, path, schema)
     condition = merge_condition(keys)
-    merge = table.alias("t").merge(conform(df, schema).alias("s"), condition).whenNotMatchedInsertAll()
-    return _inserted(merge)
+    source = conform(df, schema).alias("s")
+    # Insert-only: a retry after a concurrent commit inserts only what is still missing.
+    return committed(path, lambda: _inserted(table.alias("t").merge(source, condition).whenNotMatchedInsertAll()))
 
 
 def _inserted(merge) -> int:
@@ -209,7 +289,8 @@ def append_quarantine(spark: SparkSession, settings: Settings, rows: DataFrame) 
     rows = rows.dropDuplicates(list(keys))
     table = ensure(spark, path, Q.SCHEMA)
     cond = merge_condition(keys, null_safe=(Q.CHAIN_ID, Q.RAW, Q.SOURCE))
-    return _inserted(table.alias("t").merge(conform(rows, Q.SCHEMA).alias("s"), cond).whenNotMatchedInsertAll())
+    source = conform(rows, Q.SCHEMA).alias("s")
+    return committed(path, lambda: _inserted(table.alias("t").merge(source, cond).whenNotMatchedInsertAll()))
 
 
 def merge_columns(

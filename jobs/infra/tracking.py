@@ -39,6 +39,7 @@ log = logging.getLogger(__spec__.name)
 
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 STATUS_TAG = "receval.status_note"  # why a run ended as it did, when MLflow's status alone does not say
+SKIPPED_TAG = "receval.skipped"  # a run that wrote nothing and why (the lake was claimed by another run)
 
 
 def tracking_uri(settings: Settings) -> str:
@@ -357,6 +358,16 @@ def save_replay(bundle: dict[str, Any], settings: Settings, uri: str) -> str:
     return str(path)
 
 
+def skipped_run(settings: Settings, job: str, local_id: str, note: str, tags: dict[str, Any]) -> JobRun:
+    """A run that did not start its work (the lake was busy): created and ended FINISHED at once, tagged
+    `receval.skipped` with why, so the MLflow UI lists the skipped night beside the others."""
+    run = JobRun(job=job, settings=settings, local_id=local_id)
+    run.start({**(source_tags(job) if settings.mlflow.enabled else {}), "job": job,
+               "scoring_hash": settings.scoring_hash(), SKIPPED_TAG: "lake busy", STATUS_TAG: note, **tags})
+    run.end("FINISHED")
+    return run
+
+
 def _ended_as(err: BaseException | None) -> str:
     if err is None:
         return "FINISHED"
@@ -383,14 +394,15 @@ def _killed_on_sigterm() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def job_run(settings: Settings, job: str) -> Iterator[JobRun]:
-    """One MLflow run per job invocation, started now: params = flattened config, standard source tags."""
+def job_run(settings: Settings, job: str, local_id: str | None = None) -> Iterator[JobRun]:
+    """One MLflow run per job invocation, started now: params = flattened config, standard source tags.
+    `local_id`: the run's own id (the lake claim's holder, every Delta commit's metadata); None: a new one."""
     from jobs.infra.logs import setup_logging
     from jobs.infra.progress import heartbeat
 
     setup_logging(settings.log.level)
     resolved = settings.model_dump(mode="json")
-    run = JobRun(job=job, settings=settings)
+    run = JobRun(job=job, settings=settings, **({"local_id": local_id} if local_id else {}))
     run.start(
         {
             **(source_tags(job) if settings.mlflow.enabled else {}),

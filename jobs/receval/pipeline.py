@@ -27,7 +27,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.infra import maintain, tables
+from jobs.infra import claim, maintain, tables
 from jobs.infra.config import Settings, resolve_path
 from jobs.infra.maintain import RUN_METADATA
 from jobs.infra.progress import Progress, bar_wanted
@@ -365,6 +365,7 @@ def _run_chain_stage(ctx: Context, stage: ChainStage, report: StageReport, track
                 n = int(sizes.get(b, 0))
                 if n == 0:
                     continue
+                claim.check_held(ctx.settings)  # a run whose claim was taken over writes no further batch
                 ids = pending.where(F.col("_batch") == b).select(C.CHAIN_ID)
                 progress.expect(n, stage.rows(ctx, ids) if stage.rows is not None else n)
                 counts = stage.process(ctx, ids)
@@ -442,6 +443,7 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
     for table, v in summary.versions_before.items():
         tracked.log_table(table, settings.table(table), v, "input")
     for name, inputs, outputs, body in plan:
+        claim.check_held(settings)
         report = StageReport(name)
         child = tracked.child(name)
         child.set_tags({"config_hash": ctx.config_hash, "pipeline_run": ctx.run_id})

@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from jobs.infra.claim import ClaimSettings
 from jobs.infra.config import Section
 from jobs.receval.ingest_presets import (
     DEFAULT_MAPPING,
@@ -217,7 +218,11 @@ class CurationSettings(Section):
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 
 
-class PipelineSettings(Section):
+class PipelineSettings(ClaimSettings):
+    """The nightly job (`python -m jobs.receval.pipeline`); also the lake claim's settings (on_busy, wait_timeout_s,
+    claim_ttl, claim_heartbeat_s, claim_host: jobs.infra.claim.ClaimSettings), which every run that writes the
+    lake's tables obeys (docs/OPERATIONS.md, Overlapping runs)."""
+
     order: ClassVar[int] = 220
 
     stages: list[Literal["ingest", "steps", "scores", "aggregate", "curate", "report"]] = Field(

@@ -97,3 +97,15 @@ class Fakes:
 
     def transforms(self) -> Transforms:
         return Transforms(steps=self.steps, nli=self.nli, pvi=self.pvi)
+
+
+if __name__ == "__main__":
+    # `python tests/jobs/pipeline_fakes.py --set ...`: the nightly pipeline's own command line (claim, MLflow run,
+    # exit codes) with these fakes for the models, as a separate process (tests/jobs/test_overlapping_runs.py).
+    import sys
+    from pathlib import Path
+
+    from jobs.receval import pipeline
+
+    assert Path(pipeline.__file__).resolve().is_relative_to(Path(__file__).resolve().parents[2]), pipeline.__file__
+    pipeline.main(sys.argv[1:], transforms=Fakes().transforms())
