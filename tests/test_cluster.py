@@ -214,6 +214,7 @@ def test_worker_killed_mid_scoring_job_finishes_with_equal_tables(
 
 
 @pytest.mark.cluster
+@pytest.mark.manual  # not yet run on a quiet machine (issue 49): kept out of CI's budget until it is
 def test_claim_of_a_driver_on_another_host_expires_only_after_its_ttl(spark, full_cluster, tmp_path, capsys):
     """A night submitted to the cluster, its driver recording host `driver-a`, holds the lake's claim. A run that
     calls itself `driver-b` (a second driver host; `pipeline.claim_host`) sees it busy and names the holder's

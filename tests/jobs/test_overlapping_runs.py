@@ -34,7 +34,10 @@ from jobs.infra.config import PROJECT_ROOT, load_settings
 from jobs.receval import pipeline
 from schemas import pipeline as P
 
-pytestmark = pytest.mark.slow
+# Manual until measured on a quiet machine (issue 49 stays open for it): on a loaded 2-core host one pair of nights
+# took 207-929 s and the killed-night test did not reach its first batch in 600 s, which would take the slow set
+# past its CI budget. `make test-manual` or `pytest -m manual tests/jobs/test_overlapping_runs.py` runs them.
+pytestmark = [pytest.mark.slow, pytest.mark.manual]
 
 FAKE_NIGHT = Path(__file__).with_name("pipeline_fakes.py")
 STAGES = "[ingest,steps,scores,aggregate,curate]"  # no report: it adds a minute and nothing to the claim
