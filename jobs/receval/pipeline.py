@@ -563,7 +563,11 @@ def label_scores_table(rows: list[dict[str, Any]]):
     t = Table(title="Scores by label", caption="chains scored by this run; mean of each chain's min over steps; "
                     "label value 1 = no error, 0 = error")  # fmt: skip
     for col in ("dataset", "label", "value", "chains", *cols):
-        t.add_column(col, justify="left" if col in ("dataset", "label") else "right")
+        if col in ("dataset", "label"):  # names are never cut; the score columns' headers fold instead
+            widest = max([len(col), *(len(str(r[col])) for r in rows)])
+            t.add_column(col, justify="left", no_wrap=True, min_width=widest)
+        else:
+            t.add_column(col, justify="right", overflow="fold")
     for r in rows:
         means = ["-" if r[c] is None else f"{r[c]:.3f}" for c in cols]
         value = "" if r["value"] is None else f"{r['value']:g}"
