@@ -53,6 +53,8 @@ STEP_TERMS: dict[str, tuple[str, str]] = {
     SS.INFO_GAIN: (SS.IG_L, SS.IG_L_PREV),
 }
 STEP_PROBS: tuple[str, ...] = (SS.INTRA_ENTAIL, SS.INTER, SS.INTER_MAX_CONTRADICTION)
+# Shares computed by plain Python from the text alone (the arithmetic check's exact fractions): the same on any run.
+STEP_EXACT: tuple[str, ...] = ("arith_valid",)
 
 
 def loglik_tol(*terms: float) -> float:
@@ -113,6 +115,7 @@ def assert_scores_close(
     terms: Mapping[str, Sequence[str]] = STEP_TERMS,
     probs: Iterable[str] = STEP_PROBS,
     logliks: Iterable[str] = (),
+    exact: Iterable[str] = STEP_EXACT,
 ) -> None:
     """Row by row after sorting by `keys`: other columns exactly, float columns by their stated scale.
 
@@ -142,6 +145,8 @@ def assert_scores_close(
                 tol, scale = loglik_tol(wv), f"{LOGLIK_REL:g} x |{col}| + {LOGLIK_FLOOR:g}"
             elif col in probs:
                 tol, scale = PROB_ABS, "probability"
+            elif col in exact:
+                tol, scale = EXACT_ABS, "exact (no model)"
             else:
                 raise AssertionError(f"float column {col} has no stated scale (terms, probs or logliks)")
             if not (_is_float(gv) and abs(gv - wv) <= tol):
