@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from udfs.loglik import pad_id, position_limit
+from udfs.loglik import causal_ids, causal_prefix, cut_left, pad_id, position_limit
 from udfs.model_udf import model_udf, narrowed
 from udfs.runtime import length_batches
 
@@ -132,14 +132,16 @@ def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
 
 
 def _prompt_ids(tokenizer: Any, family: str, prompts: Sequence[str], room: int) -> tuple[list[list[int]], list[bool]]:
-    ids = tokenizer(list(prompts), add_special_tokens=(family == "seq2seq"))["input_ids"]
+    causal = family == "causal"
+    ids = causal_ids(tokenizer, prompts) if causal else tokenizer(list(prompts))["input_ids"]
+    prefix = causal_prefix(tokenizer) if causal else []
     out, cut = [], []
     for seq in ids:
         seq = list(seq)
-        if family == "causal" and not seq:
+        if causal and not seq:
             seq = [tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id]
         cut.append(len(seq) > room)
-        out.append(seq[len(seq) - room :] if len(seq) > room else seq)
+        out.append(cut_left(seq, room, prefix))
     return out, cut
 
 

@@ -36,6 +36,9 @@ from udfs.loglik import (
     Encoded,
     PrefixGroup,
     _start_id,
+    causal_ids,
+    causal_prefix,
+    cut_left,
     decoder_start_id,
     logprob_sums,
     pad_id,
@@ -97,13 +100,14 @@ def _encode(
     special = family == "seq2seq" and eos
     opt_ids = tokenizer(flat, add_special_tokens=special)["input_ids"] if flat else []
     if family == "causal":
-        ctx_ids = tokenizer(contexts, add_special_tokens=False)["input_ids"]
+        ctx_ids = causal_ids(tokenizer, contexts)
         pre_ids: list[list[int]] = [[] for _ in prompts]
     else:
         ctx_ids = tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
         pre_ids = tokenizer(list(prefixes), add_special_tokens=False)["input_ids"] if any(prefixes) else [
             [] for _ in prompts
         ]
+    keep = causal_prefix(tokenizer) if family == "causal" else []
     out: list[_Example] = []
     cursor = 0
     for i, opts in enumerate(options):
@@ -118,7 +122,7 @@ def _encode(
                 ids, cut = [t[:cap] for t in ids], True
             room = max_length - max((len(t) for t in ids), default=0)
             if len(ctx) > room:
-                ctx, cut = ctx[len(ctx) - room :], True
+                ctx, cut = cut_left(ctx, room, keep), True
         else:
             if len(ctx) > max_length:
                 ctx, cut = ctx[len(ctx) - max_length :], True

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from bos_tokenizer import with_bos
 from pyspark import cloudpickle
 
 from udfs import generate as G
@@ -96,6 +97,23 @@ def test_generate_truncates_long_prompt_from_left(tiny_models):
     # The kept prompt is the last 64 - 8 tokens: same output as giving those tokens directly.
     kept = tok.decode(tok(long_prompt, add_special_tokens=False)["input_ids"][-56:])
     assert out[0].text == G.generate(model, tok, "causal", [kept], max_new_tokens=8, max_length=64)[0].text
+
+
+def test_generate_with_a_bos_tokenizer_reads_the_bos_first_and_keeps_it_on_a_cut(tiny_models):
+    """A Gemma-like tokenizer: the prompt is read after one BOS (none added to a prompt that has it, as a chat
+    template writes it), and a prompt cut from the left keeps its BOS in front."""
+    model, tok = _load(tiny_models, "causal")
+    bos = with_bos(tok)
+    kw = dict(max_new_tokens=8, min_new_tokens=8)
+    got = G.generate(model, bos, "causal", PROMPTS, **kw)
+    assert got == G.generate(model, tok, "causal", [tok.bos_token + p for p in PROMPTS], **kw)
+    assert got == G.generate(model, bos, "causal", [tok.bos_token + p for p in PROMPTS], **kw)
+    assert got != G.generate(model, tok, "causal", PROMPTS, **kw)
+    long_prompt = "Natalia sold clips. " * 200
+    cut = G.generate(model, bos, "causal", [long_prompt], max_new_tokens=8, max_length=64)[0]
+    kept = tok.decode(tok(long_prompt, add_special_tokens=False)["input_ids"][-55:])
+    assert cut.truncated
+    assert cut.text == G.generate(model, tok, "causal", [tok.bos_token + kept], max_new_tokens=8, max_length=64)[0].text
 
 
 def _fake_factory():

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 from pyspark import cloudpickle
+from bos_tokenizer import with_bos
 from tolerance import loglik_approx
 
 from udfs import loglik
@@ -76,6 +77,47 @@ def test_score_matches_unbatched_direct(family, batch_size, side, gpt2, t5):
         assert g.sum_logprob == loglik_approx(sum(want))
         assert g.mean_logprob == loglik_approx(sum(want) / len(want))
         assert not g.truncated
+
+
+def test_causal_prefix_is_what_the_tokenizer_puts_before_a_text(gpt2):
+    _, tok = gpt2
+    bos = with_bos(tok)
+    assert loglik.causal_prefix(tok) == []  # GPT-2 (and Qwen) add nothing
+    assert loglik.causal_prefix(bos) == [tok.bos_token_id]
+    plain = tok("a b", add_special_tokens=False)["input_ids"]
+    # One BOS: added to a bare text, not to a text that already starts with it (a chat template writes Gemma's).
+    assert loglik.causal_ids(bos, ["a b", tok.bos_token + "a b", ""]) == [
+        [tok.bos_token_id, *plain], [tok.bos_token_id, *plain], [tok.bos_token_id]]  # fmt: skip
+    assert loglik.causal_ids(tok, ["a b", ""]) == [plain, []]
+
+
+def test_cut_left_keeps_the_prefix_in_front():
+    assert loglik.cut_left([9, 1, 2, 3, 4], 3, [9]) == [9, 3, 4]
+    assert loglik.cut_left([1, 2, 3, 4], 3, [9]) == [2, 3, 4]  # no prefix at its head: a plain cut
+    assert loglik.cut_left([9, 1, 2], 3, [9]) == [9, 1, 2]
+    assert loglik.cut_left([9, 1, 2], 1, [9]) == [2]  # no room beside the prefix: the last token alone
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_score_with_a_bos_tokenizer_reads_the_bos_first(gpt2, batch_size):
+    """A Gemma-like tokenizer: every source is read after its BOS, equal to the direct computation on
+    [BOS] + source + target, and different from scoring without it."""
+    model, tok = gpt2
+    bos = with_bos(tok)
+    got = loglik.score(model, bos, "causal", SOURCES, TARGETS, batch_size=batch_size, max_length=512)
+    without = loglik.score(model, tok, "causal", SOURCES, TARGETS, batch_size=batch_size, max_length=512)
+    for s, t, g, w in zip(SOURCES, TARGETS, got, without, strict=True):
+        want = direct_causal(model, tok, tok.bos_token + s, t)
+        assert g.sum_logprob == loglik_approx(sum(want))
+        assert g.n_tokens == w.n_tokens
+    assert sum(g.sum_logprob != loglik_approx(w.sum_logprob) for g, w in zip(got[:-1], without[:-1])) >= 4
+    # A source cut from the left keeps its BOS: [BOS] + the last (room - 1) source tokens.
+    long_source = " the sun is a kind of star" * 40 + " Therefore,"
+    cut = loglik.score(model, bos, "causal", [long_source], [" 72"], max_length=24)[0]
+    tgt = tok(" 72", add_special_tokens=False)["input_ids"]
+    kept = tok.decode(tok(long_source, add_special_tokens=False)["input_ids"][-(24 - len(tgt) - 1) :])
+    assert cut.truncated
+    assert cut.sum_logprob == loglik_approx(sum(direct_causal(model, tok, tok.bos_token + kept, " 72")))
 
 
 def test_score_excludes_eos_from_target(t5):

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 from pyspark import cloudpickle
+from bos_tokenizer import with_bos
 from tolerance import loglik_approx
 
 from udfs import options as O
@@ -86,6 +87,23 @@ def test_score_options_equals_direct_torch(models, family, with_prefix):
             assert s.per_token == (s.sum_logprob / s.n_tokens if s.n_tokens else 0.0)
             assert not s.truncated
     assert got[1][2].sum_logprob == 0.0 and got[1][2].n_tokens == 0
+
+
+@pytest.mark.parametrize("move_space", [False, True])
+def test_score_options_with_a_bos_tokenizer_reads_the_bos_first(models, move_space):
+    """A Gemma-like tokenizer: each context is read after its BOS, as lm-evaluation-harness feeds Gemma."""
+    model, tok = models["causal"]
+    got = O.score_options(model, with_bos(tok), "causal", PROMPTS, OPTIONS, PREFIXES, batch_size=2,
+                          move_space=move_space)  # fmt: skip
+    # The plain tokenizer on texts that start with the BOS string: the same ids, written out.
+    want = O.score_options(model, tok, "causal", [tok.bos_token + p for p in PROMPTS], OPTIONS, PREFIXES,
+                           batch_size=1, move_space=move_space)  # fmt: skip
+    for a, b in zip(got, want, strict=True):
+        assert [x.sum_logprob for x in a] == loglik_approx([y.sum_logprob for y in b])
+    for prompt, prefix, opts, scores in zip(PROMPTS, PREFIXES, OPTIONS, got, strict=True):
+        for option, s in zip(opts, scores, strict=True):
+            if not move_space:
+                assert s.sum_logprob == loglik_approx(direct(model, tok, "causal", tok.bos_token + prompt, prefix, option))
 
 
 @pytest.mark.parametrize("family", ["causal", "seq2seq"])
