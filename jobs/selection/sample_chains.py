@@ -5,7 +5,8 @@ GSM-8K). A seeded choice of `sample.questions` questions from `sample.questions_
 inputs); each gets the zero-shot CoT prompt `sample.prompt` ("Q: {question}\\nA: Let's think step by step.\\n",
 Kojima et al. 2022): the paper does not publish its prompt, and zero-shot needs no exemplar file (MGSM's English
 GSM-8K exemplars live in another dataset and are not wired in here), k samples (`sample.k`, temperature, top_p,
-seed) and one greedy decode (do_sample=False) by `sample.model` (causal or seq2seq). Each chain row: chain_id, dataset, question_id, context (the question), chain, answer (last
+seed); with `sample.chat_template` an instruct model reads the question as a chat user turn and continues its own
+turn opened with `sample.chat_opening`) and one greedy decode (do_sample=False) by `sample.model` (causal or seq2seq). Each chain row: chain_id, dataset, question_id, context (the question), chain, answer (last
 number after the last answer indicator), gold_answer, metadata {sample_idx, greedy, temperature, top_p, seed,
 model, n_tokens, truncated}. The greedy row has greedy=true and no sample_idx: select_chains takes it as the
 baseline and never as a candidate. Same settings, same chains (udfs/sampling.py).
@@ -102,8 +103,25 @@ def choose(questions: list[dict[str, Any]], cfg: SampleSettings) -> list[dict[st
     return [questions[i] for i in picked]
 
 
+def chat_prompts(questions: list[dict[str, Any]], cfg: SampleSettings) -> bool:
+    """With `sample.chat_template`, each question's prompt becomes the tokenizer's chat rendering (the question as
+    the user turn, the assistant turn opened with `chat_opening`), in place. True when the template was used."""
+    if not cfg.chat_template:
+        return False
+    from udfs.cot_prompt import has_chat_template, load_tokenizer, render_chat
+
+    tokenizer = load_tokenizer(cfg.model.path)
+    if not has_chat_template(tokenizer):
+        log.warning("[%s] sample.chat_template is set but %s has no chat template: the plain sample.prompt is used",
+                    QUARANTINE_STAGE, cfg.model.path)  # fmt: skip
+        return False
+    for q in questions:
+        q["prompt"] = render_chat(tokenizer, q[C.CONTEXT], cfg.chat_opening)
+    return True
+
+
 def transform(questions: DataFrame, cfg: SampleSettings, rt: RuntimeSettings, draw: Any = None,
-              hold: tables.Held | None = None) -> tuple[DataFrame, DataFrame]:
+              hold: tables.Held | None = None, chat: bool = False) -> tuple[DataFrame, DataFrame]:
     """Question rows -> (chain rows in the ingest input shape, failed rows with _reason/_detail/_chain_id).
 
     `draw`: the UDF prompt -> struct(chains, error); None builds the configured model's (tests pass fakes).
@@ -130,6 +148,7 @@ def transform(questions: DataFrame, cfg: SampleSettings, rt: RuntimeSettings, dr
         "temperature": F.lit(json.dumps(cfg.temperature)), "top_p": F.lit(json.dumps(cfg.top_p)), "top_k": F.lit(None if cfg.top_k is None else str(cfg.top_k)).cast("string"),
         "seed": F.lit(str(cfg.seed)), "model": F.lit(cfg.model.path), "n_tokens": F.col("c.n_tokens").cast("string"),
         "truncated": F.when(F.col("c.truncated"), "true").otherwise("false"),
+        "chat_template": F.lit("true" if chat else "false"),
     }  # fmt: skip
     # The greedy row has no sample_idx: its null entry is dropped from the map rather than written as null.
     keys = F.array(*[F.lit(k) for k in meta])
@@ -173,6 +192,7 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None, draw
         check_model(cfg)
     good, bad = read_questions(cfg)
     chosen = choose(good, cfg)
+    chat = chat_prompts(chosen, cfg)
     out = output_folder(settings)
     with tables.Held() as hold:
         # One partition per generation batch of rows (k + 1 per question), at most one per core: each partition's
@@ -181,7 +201,7 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None, draw
         batches = math.ceil(len(chosen) * rows_per_question / cfg.batch_size)
         parts = max(1, min(batches, spark.sparkContext.defaultParallelism))
         questions = spark.createDataFrame(chosen, QUESTION_FIELDS).repartition(parts)
-        rows, failed = transform(questions, cfg, settings.runtime, draw, hold)
+        rows, failed = transform(questions, cfg, settings.runtime, draw, hold, chat)
         _check_replaceable(out)
         shutil.rmtree(out, ignore_errors=True)  # a rerun replaces the whole sample, never mixes two
         rows.orderBy(C.QUESTION_ID, C.CHAIN_ID).coalesce(1).write.mode("overwrite").json(out)

@@ -2,7 +2,8 @@
 
 Per question (chains.question_id, k taken from the data) the chain with the best ReCEval score answers;
 accuracy against the gold answer is reported beside greedy decoding and self-consistency (majority vote over
-the normalised answers, ties to the earliest sample). Greedy is the question's real greedy decode, a chain with
+the normalised answers, ties to the earliest sample) and the oracle (a correct candidate whenever the question has
+one: the ceiling any choice among the k can reach). Greedy is the question's real greedy decode, a chain with
 `metadata[select.greedy_flag]` = "true" (sample_chains writes one): it is kept apart, never a candidate of the
 ReCEval choice or the vote. A question without one falls back to the old rule, the first sample (the smallest
 `metadata[select.greedy_key]`, else the smallest chain_id); the `greedy_basis` column and the log say which. Criteria (SelectSettings): correctness = the listed
@@ -11,6 +12,10 @@ criterion are combined by `combine`. Default `rank_mean`: each column becomes it
 question's chains and the ranks are averaged, so probabilities and nats weigh the same; "both" is the mean of
 the correctness and informativeness ranks (the paper does not publish its combination). `sum` adds raw values.
 A chain with a null score in a criterion ranks last for it.
+
+Every method is compared with greedy on the same questions: the accuracy difference and its paired bootstrap
+percentile CI (questions resampled with replacement, each keeping both its answers; select.bootstrap_resamples,
+select.confidence, select.seed), as the paper's downstream table reads "better than greedy".
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+import numpy as np
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -31,7 +37,8 @@ from schemas import chains as C
 log = logging.getLogger(__spec__.name)
 
 METHOD, CORRECT, ORDER, NORM = "method", "correct", "_order", "_norm"
-GREEDY, MAJORITY = "greedy", "self_consistency"
+GREEDY, MAJORITY, ORACLE = "greedy", "self_consistency", "oracle"
+DELTA, LOW, HIGH = "delta_vs_greedy", "ci_low", "ci_high"  # accuracy(method) - accuracy(greedy), its CI
 BASIS, DECODE, FIRST = "greedy_basis", "greedy_decode", "first_sample"  # where a greedy pick came from
 
 
@@ -116,6 +123,8 @@ def picks(chains: DataFrame, chain_scores: DataFrame, settings: Settings, hold: 
     votes = cand.withColumn("_votes", F.count(F.lit(1)).over(Window.partitionBy(C.DATASET, C.QUESTION_ID, NORM)))
     votes = votes.withColumn("_first_of_answer", F.min(ORDER).over(Window.partitionBy(C.DATASET, C.QUESTION_ID, NORM)))
     chosen.append(_first(votes, [F.col("_votes").desc(), F.col("_first_of_answer")], MAJORITY))
+    right = same_answer(F.col(NORM), normalise(F.col(C.GOLD_ANSWER)))
+    chosen.append(_first(cand.withColumn("_right", right), [F.col("_right").desc()], ORACLE))
     out = chosen[0]
     for part in chosen[1:]:
         out = out.unionByName(part.withColumn(BASIS, F.lit(None).cast("string")))
@@ -126,6 +135,37 @@ def accuracy(chosen: DataFrame) -> DataFrame:
     return chosen.groupBy(C.DATASET, METHOD).agg(
         F.count(F.lit(1)).alias("n_questions"), F.avg(F.col(CORRECT).cast("double")).alias("accuracy")
     )
+
+
+def paired_bootstrap(method: np.ndarray, greedy: np.ndarray, resamples: int, confidence: float,
+                     seed: int) -> tuple[float, float | None, float | None]:
+    """(mean(method) - mean(greedy), CI low, CI high): a percentile bootstrap over questions, each resampled with
+    both its outcomes (paired), by scipy.stats.bootstrap. No CI (None) with fewer than two questions."""
+    from scipy.stats import bootstrap
+
+    diff = np.asarray(method, dtype=float) - np.asarray(greedy, dtype=float)
+    delta = float(diff.mean()) if len(diff) else float("nan")
+    if len(diff) < 2:
+        return delta, None, None
+    if np.all(diff == diff[0]):  # no spread: every resample gives the same difference
+        return delta, delta, delta
+    res = bootstrap((diff,), np.mean, n_resamples=resamples, confidence_level=confidence, method="percentile",
+                    vectorized=True, rng=np.random.default_rng(seed))  # fmt: skip
+    return delta, float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def against_greedy(chosen: DataFrame, resamples: int, confidence: float, seed: int) -> dict[tuple[str, str], tuple]:
+    """(dataset, method) -> paired_bootstrap of the method's per-question correctness against greedy's."""
+    outcome: dict[tuple[str, str], dict[str, bool]] = {}
+    for r in chosen.select(C.DATASET, C.QUESTION_ID, METHOD, CORRECT).collect():
+        outcome.setdefault((r[C.DATASET], r[METHOD]), {})[r[C.QUESTION_ID]] = bool(r[CORRECT])
+    out = {}
+    for (dataset, method), answers in sorted(outcome.items()):
+        base = outcome.get((dataset, GREEDY), {})
+        questions = sorted(set(answers) & set(base))  # every method answers every question: the same set
+        out[(dataset, method)] = paired_bootstrap(np.array([answers[q] for q in questions]),
+                                                  np.array([base[q] for q in questions]), resamples, confidence, seed)
+    return out
 
 
 def greedy_bases(chosen: DataFrame) -> dict[str, dict[str, int]]:
@@ -144,7 +184,10 @@ def run(spark: SparkSession, settings: Settings) -> list[dict]:
         chosen = hold(picks(chains, scores, settings, hold))
         rows = [r.asDict() for r in accuracy(chosen).orderBy(C.DATASET, METHOD).collect()]
         bases = greedy_bases(chosen)
+        cfg = settings.select
+        compared = against_greedy(chosen, cfg.bootstrap_resamples, cfg.confidence, cfg.seed)
     for r in rows:
+        r[DELTA], r[LOW], r[HIGH] = compared[(r[C.DATASET], r[METHOD])]
         if r[METHOD] == GREEDY:
             r[DECODE], r[FIRST] = (bases.get(r[C.DATASET], {}).get(b, 0) for b in (DECODE, FIRST))
             if r[FIRST]:
@@ -155,12 +198,16 @@ def run(spark: SparkSession, settings: Settings) -> list[dict]:
 
 
 def report(rows: list[dict]) -> str:
-    lines = ["| dataset | method | questions | accuracy |", "|---|---|---|---|"]
+    lines = ["| dataset | method | questions | accuracy | vs greedy (paired bootstrap CI) |", "|---|---|---|---|---|"]
     for r in rows:
         method = r[METHOD]
         if method == GREEDY and FIRST in r:  # say what the baseline was: real decodes or the old first-sample rule
             method += f" ({r[DECODE]} greedy decodes, {r[FIRST]} first samples)"
-        lines.append(f"| {r[C.DATASET]} | {method} | {r['n_questions']} | {100 * r['accuracy']:.1f} % |")
+        versus = ""
+        if r[METHOD] != GREEDY and r.get(DELTA) is not None:
+            ci = f" [{100 * r[LOW]:+.1f}, {100 * r[HIGH]:+.1f}]" if r.get(LOW) is not None else " (no CI: < 2 questions)"
+            versus = f"{100 * r[DELTA]:+.1f}{ci}"
+        lines.append(f"| {r[C.DATASET]} | {method} | {r['n_questions']} | {100 * r['accuracy']:.1f} % | {versus} |")
     if not rows:  # an empty table must not read as a result
         lines.append("\nno question has 2 or more candidate chains (quarantined or unscored chains are not candidates)")
     return "\n".join(lines) + "\n"
@@ -170,6 +217,8 @@ def _body(job: Job) -> list[dict]:
     spark, settings, tracked = job.spark, job.settings, job.tracked
     rows = run(spark, settings)
     tracked.log_metrics({f"accuracy_{r[C.DATASET]}_{r[METHOD]}": r["accuracy"] for r in rows})
+    tracked.log_metrics({f"{key}_{r[C.DATASET]}_{r[METHOD]}": r[key] for r in rows if r[METHOD] != GREEDY
+                         for key in (DELTA, LOW, HIGH) if r.get(key) is not None})  # fmt: skip
     tracked.log_text("select_chains/accuracy.md", report(rows))
     print(report(rows))
     return rows

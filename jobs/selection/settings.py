@@ -30,6 +30,10 @@ class SelectSettings(Section):
     greedy_flag: str = "greedy"
     config_hash: str | None = None
     datasets: list[str] | None = None
+    # Each method against greedy: the paired bootstrap over questions (percentile CI; scipy.stats.bootstrap).
+    bootstrap_resamples: int = Field(10_000, ge=100)
+    confidence: float = Field(0.95, gt=0, lt=1)
+    seed: int = 0
 
 
 class SampleSettings(Section):
@@ -53,6 +57,11 @@ class SampleSettings(Section):
     max_new_tokens: int = Field(128, ge=1)
     # Zero-shot CoT (Kojima et al. 2022); {question} is replaced by the question text.
     prompt: str = "Q: {question}\nA: Let's think step by step.\n"
+    # An instruct model's own format: the question as the user turn of the tokenizer's chat template, the
+    # assistant turn opened with `chat_opening` (Kojima's trigger), instead of `prompt`. A tokenizer without a
+    # template keeps `prompt` (logged). The chains' metadata says which (chat_template true/false).
+    chat_template: bool = False
+    chat_opening: str = "Let's think step by step.\n"
     # The chain's answer: the last number after the last indicator (else in the whole text).
     answer_indicators: list[str] = Field(default_factory=lambda: ["answer is", "A:"])
     model: ModelRef = ModelRef(path="models/tiny-t5", family="seq2seq")

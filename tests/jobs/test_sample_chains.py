@@ -162,3 +162,28 @@ def test_output_folder_of_other_files_is_refused(tmp_path):
         SC._check_replaceable(str(tmp_path))
     assert (tmp_path / "notes.txt").exists()
     SC._check_replaceable(str(tmp_path / "absent"))  # a new folder is fine
+
+
+def test_chat_prompts_render_the_question_as_the_user_turn(tiny_models, tmp_path, make_settings):
+    """sample.chat_template: the question is the user turn and the assistant turn opens with Kojima's trigger; a
+    tokenizer without a template keeps the plain prompt; off by default."""
+    from transformers import AutoTokenizer
+
+    chat, plain = tmp_path / "chat-tok", tmp_path / "plain-tok"
+    tok = AutoTokenizer.from_pretrained(tiny_models["tiny-gpt2"])
+    tok.save_pretrained(plain)
+    tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|assistant|>{% endif %}")  # fmt: skip
+    tok.save_pretrained(chat)
+
+    def questions():
+        return [{C.QUESTION_ID: "q", C.CONTEXT: "What is 2 + 3?", C.GOLD_ANSWER: "5", "prompt": "Q: What is 2 + 3?"}]
+
+    cfg = make_settings(f"sample.model.path={chat}", "sample.chat_template=true").sample
+    rendered = questions()
+    assert SC.chat_prompts(rendered, cfg) is True
+    assert rendered[0]["prompt"] == "<|user|>What is 2 + 3?<|end|>\n<|assistant|>Let's think step by step.\n"
+    kept = questions()
+    assert SC.chat_prompts(kept, make_settings(f"sample.model.path={plain}", "sample.chat_template=true").sample) is False
+    assert SC.chat_prompts(kept, make_settings(f"sample.model.path={chat}").sample) is False
+    assert kept == questions()
