@@ -3,11 +3,13 @@ a plain warning in the summary; a profile chosen anywhere by the user always win
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from jobs.infra.config import load_settings, random_models_note, small_built, with_built_models
+from jobs.infra.config import PROJECT_ROOT, load_settings, random_models_note, with_built_models
+from udfs.model_paths import REGISTRY_PREFIX, SMALL, registry_path, small_built
 
 TRAINED = {"models/nli-small": "train_nli.json", "models/pvi-small/g": "train_pvi.json",
            "models/pvi-small/g_null": "train_pvi.json", "models/gemma3-270m": "model_record.json"}
@@ -21,6 +23,17 @@ def build_small(root: Path, skip: str | None = None) -> Path:
             (root / folder / "config.json").write_text("{}")
             (root / folder / record).write_text("{}")
     return root
+
+
+def test_small_built_asks_for_what_make_models_writes_where_the_profile_looks():
+    # The Makefile cannot import udfs.model_paths: its `test -f` lines spell the same records, kept equal here.
+    makefile = (PROJECT_ROOT / "Makefile").read_text()
+    made = dict(m.groups() for m in re.finditer(r"test -f (models/[\w./-]+)/([\w.]+\.json)", makefile))
+    assert made == SMALL == TRAINED
+    small = load_settings(overrides=["models.profile=small"], environ={}).models
+    named = {small.nli.path, small.pvi_g.path, small.pvi_null.path,
+             registry_path(small.info_gain.path.removeprefix(REGISTRY_PREFIX), ".").as_posix()}
+    assert named == set(SMALL)
 
 
 def test_small_profile_uses_the_trained_models_and_offline_for_the_rest():

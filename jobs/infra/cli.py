@@ -27,6 +27,8 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from udfs.model_paths import MODELS
+
 PROG = "receval"
 # The platform's tools: command -> module (each has its own sub-commands and --help).
 TOOLS = {
@@ -143,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     if name == "setup":
         for module, takes_settings in SETUP:
-            code = run_module(module, f"{PROG} setup", rest if takes_settings else ["--out", "models"])
+            code = run_module(module, f"{PROG} setup", rest if takes_settings else ["--out", MODELS])
             if code:
                 return code
         return 0
