@@ -10,9 +10,9 @@
 The subcommands are generated: every stage a module under `jobs` declares (`STAGE = Stage(...)`,
 jobs.infra.stage.declared, with a main block: `scores` runs only inside the pipeline), plus the platform's
 tools (TOOLS). `receval NAME ARGS` runs exactly what `python -m <its module> ARGS` runs: the module as __main__,
-so the two can never differ, and `make` and `python -m` keep working as they are. Every stage takes the same
---config/--set/--print-config/--dry-run (jobs.infra.stage.Stage.parser). Stage names take `-` for `_`
-(`receval nli-scores`).
+so the two can never differ (the model profile they choose included: jobs.infra.stage.command_line), and `make`
+and `python -m` keep working as they are. Every stage takes the same --config/--set/--print-config/--dry-run
+(jobs.infra.stage.Stage.parser). Stage names take `-` for `_` (`receval nli-scores`).
 """
 
 from __future__ import annotations

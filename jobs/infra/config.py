@@ -2,10 +2,10 @@
 
 Validated into frozen pydantic objects; a job receives its own section. Errors name the bad key. This module holds
 the platform's part: the loader (model profiles included), the override parsing, --print-config provenance
-(`describe`) and the platform's own sections (spark, paths, mlflow, models, runtime, log, maintain); where models
-live and when the `small` profile is built is udfs.model_paths'. Every room declares its sections in
-`jobs/<room>/settings.py` (`SECTIONS`); `settings_model` finds them at run time and composes the one `Settings`
-model, so the platform names no room.
+(`describe`) and the platform's own sections (spark, paths, mlflow, models, runtime, log, maintain). Where models
+live and when the `small` profile is built: udfs.model_paths; which profile a stage started alone chooses:
+jobs.infra.stage. Every room declares its sections in `jobs/<room>/settings.py` (`SECTIONS`); `settings_model`
+finds them at run time and composes the one `Settings` model, so the platform names no room.
 
 A new section: a `Section` subclass in its room's settings.py, listed in that module's SECTIONS under the key it
 has in the config, with `order` (a ClassVar int no other section has: where it stands in --print-config and every
@@ -40,7 +40,7 @@ from pydantic import (
 )
 
 from udfs.home import CODE_ROOT, bundled, checkout, command, home, home_and_reason
-from udfs.model_paths import MODELS, REGISTRY_PREFIX, small_built
+from udfs.model_paths import MODELS, REGISTRY_PREFIX
 
 # The folder above jobs/ and udfs/: a checkout's root (tests and scripts find their files under it), or
 # site-packages when installed. Relative paths in config never resolve against it but against udfs.home.home().
@@ -690,30 +690,6 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             flat[dotted] = json.dumps(value) if not isinstance(value, str) else value
     return flat
-
-
-# --- the model profile `make run` uses --------------------------------------------------------------------------
-
-
-def with_built_models(argv: Sequence[str], environ: Mapping[str, str] | None = None,
-                      root: str | os.PathLike[str] | None = None) -> list[str]:
-    """A job's command line with `--set models.profile=small` added when the small NLI model is built and no layer
-    but conf/defaults.yaml chooses a model profile: `make run` then scores with a real NLI model once `make models`
-    has run, and any profile chosen on the command line, in the environment or a --config file still wins.
-    Only entry points call it (`python -m`), so tests and library calls keep the defaults they ask for."""
-    import argparse
-
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--config")
-    parser.add_argument("--set", action="append", default=[], dest="overrides")
-    known, _ = parser.parse_known_args(list(argv))
-    try:
-        _, sources = load_settings_with_sources(known.config, known.overrides, environ)
-    except ConfigError:
-        return list(argv)  # the job itself reports the bad configuration
-    # The default profile's own file repeats its name: only those two layers mean "nobody chose".
-    chosen = not source_of("models.profile", sources).startswith(("conf/defaults.yaml", "conf/models/"))
-    return list(argv) if chosen or not small_built(root) else [*argv, "--set", "models.profile=small"]
 
 
 def random_models_note(settings: Settings) -> str | None:

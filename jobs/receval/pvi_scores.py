@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -334,9 +333,9 @@ STAGE = Stage(
 )
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, int]:
+def main(argv: list[str] | None = None) -> dict[str, int]:
     return STAGE.main(argv)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

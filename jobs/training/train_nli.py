@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import random
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -536,9 +535,9 @@ STAGE = Stage("train_nli", __doc__, _body, section="train_nli", uses_spark=False
               check=lambda settings, args: check_sources(settings))
 
 
-def main(argv: Sequence[str] | None = None) -> str | None:
+def main(argv: list[str] | None = None) -> str | None:
     return STAGE.main(argv)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

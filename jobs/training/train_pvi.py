@@ -24,7 +24,6 @@ import json
 import logging
 import math
 import random
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -350,9 +349,9 @@ STAGE = Stage("train_pvi", __doc__, _body, section="train_pvi", uses_spark=False
               check=lambda settings, args: check_split(settings))
 
 
-def main(argv: Sequence[str] | None = None) -> str | None:
+def main(argv: list[str] | None = None) -> str | None:
     return STAGE.main(argv)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
