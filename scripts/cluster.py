@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# The checkout this script sits in (scripts/submit.sh beside it), from its own path rather than udfs.home.CODE_ROOT:
+# in a spark-submit'd helper (tests/cluster.py) udfs is imported from the shipped zip, which holds no scripts/.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SUBMIT = PROJECT_ROOT / "scripts" / "submit.sh"
 

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from any 
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    from jobs.infra.config import with_built_models
+    from jobs.infra.stage import with_built_models
     from jobs.receval import pipeline
     from jobs.selection import sample_chains, select_chains
 

@@ -32,8 +32,9 @@ from pyspark.testing import assertDataFrameEqual
 from test_package import build_wheel
 from tolerance import EXACT_FRAME
 
-from jobs.infra.config import load_settings, small_built
+from jobs.infra.config import load_settings
 from jobs.receval import ingest, pipeline
+from udfs.model_paths import small_built
 
 BAD_INPUT = PROJECT_ROOT / "tests" / "data" / "bad_input" / "files"
 SLOW_BATCH_S = 20  # long enough to kill a worker while its task sleeps, even on a loaded machine

@@ -97,6 +97,21 @@ def test_the_pipeline_plans_and_records_what_its_parts_declare(settings):
     assert curate.STAGE.inputs(thresholds) == ("chain_scores", "step_scores", "chains")
 
 
+def test_an_expected_failure_ends_the_command_line_with_one_line(settings, capsys):
+    # What ingest's QuarantineLimitError does, for any stage: logged where raised, the run FAILED, no traceback.
+    from jobs.infra.stage import StageFailed
+    from jobs.receval.ingest import QuarantineLimitError
+
+    assert issubclass(QuarantineLimitError, StageFailed) and issubclass(StageFailed, RuntimeError)
+
+    def body(job):
+        raise QuarantineLimitError("ingest quarantined 8 of 8 rows read")
+
+    with pytest.raises(SystemExit) as stop:
+        Stage("failing", "doc", body, uses_spark=False).main(job_args(settings))
+    assert stop.value.code == "error: ingest quarantined 8 of 8 rows read"  # printed to stderr, exit status 1
+
+
 def test_declared_refuses_two_stages_of_one_name(tmp_path, monkeypatch):
     pkg = tmp_path / "twostages"
     pkg.mkdir()

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from udfs.home import checkout, command, home
+from udfs.model_paths import MODELS, REGISTRY_PREFIX, REGISTRY_RECORD, registry_path
 
 DEFAULT_CACHE_SIZE = 5  # runtime.model_cache_size (see above)
 _CACHE: OrderedDict[tuple[Any, ...], Any] = OrderedDict()  # least recently used first
@@ -38,15 +39,10 @@ class ModelUnavailable(RuntimeError):
     """A configured model is neither a local folder nor in the local Hugging Face cache."""
 
 
-# `registry:<name>`: a model of conf/model_registry.yaml, fetched into models/<name> by jobs.infra.models; this
-# file in the folder marks a finished fetch (the fetch writes it last).
-REGISTRY_PREFIX = "registry:"
-REGISTRY_RECORD = "model_record.json"
-
-
 def registry_folder(name: str) -> Path:
-    """models/<name> for `registry:<name>`, or a ModelUnavailable naming the command that fetches it."""
-    folder = home() / "models" / name
+    """models/<name> for `registry:<name>` (udfs.model_paths), or a ModelUnavailable naming the command that
+    fetches it."""
+    folder = registry_path(name)
     if not (folder / REGISTRY_RECORD).is_file():
         raise ModelUnavailable(
             f"registered model {name!r} is not fetched here ({folder} has no {REGISTRY_RECORD}): run "
@@ -86,7 +82,7 @@ def check_available(path: str, role: str) -> str:
     if isinstance(cached, str):
         return resolved
     p = Path(path).expanduser()
-    if not p.is_absolute() and p.parts[0] == "models" and p.name.startswith("tiny-"):
+    if not p.is_absolute() and p.parts[0] == MODELS and p.name.startswith("tiny-"):
         # The offline profile's random models: built locally, never downloaded.
         how = command("jobs.infra.tiny_models --out models", "setup")
         raise ModelUnavailable(

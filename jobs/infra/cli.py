@@ -10,9 +10,9 @@
 The subcommands are generated: every stage a module under `jobs` declares (`STAGE = Stage(...)`,
 jobs.infra.stage.declared, with a main block: `scores` runs only inside the pipeline), plus the platform's
 tools (TOOLS). `receval NAME ARGS` runs exactly what `python -m <its module> ARGS` runs: the module as __main__,
-so the two can never differ, and `make` and `python -m` keep working as they are. Every stage takes the same
---config/--set/--print-config/--dry-run (jobs.infra.stage.Stage.parser). Stage names take `-` for `_`
-(`receval nli-scores`).
+so the two can never differ (the model profile they choose included: jobs.infra.stage.command_line), and `make`
+and `python -m` keep working as they are. Every stage takes the same --config/--set/--print-config/--dry-run
+(jobs.infra.stage.Stage.parser). Stage names take `-` for `_` (`receval nli-scores`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from udfs.model_paths import MODELS
 
 PROG = "receval"
 # The platform's tools: command -> module (each has its own sub-commands and --help).
@@ -143,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     if name == "setup":
         for module, takes_settings in SETUP:
-            code = run_module(module, f"{PROG} setup", rest if takes_settings else ["--out", "models"])
+            code = run_module(module, f"{PROG} setup", rest if takes_settings else ["--out", MODELS])
             if code:
                 return code
         return 0

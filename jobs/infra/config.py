@@ -1,10 +1,11 @@
 """Configuration: YAML layered defaults < profile < model profile < file < environment < command line.
 
 Validated into frozen pydantic objects; a job receives its own section. Errors name the bad key. This module holds
-the platform's part: the loader, the override parsing, --print-config provenance (`describe`), the model profile
-machinery and the platform's own sections (spark, paths, mlflow, models, runtime, log, maintain). Every room
-declares its sections in `jobs/<room>/settings.py` (`SECTIONS`); `settings_model` finds them at run time and
-composes the one `Settings` model, so the platform names no room.
+the platform's part: the loader (model profiles included), the override parsing, --print-config provenance
+(`describe`) and the platform's own sections (spark, paths, mlflow, models, runtime, log, maintain). Where models
+live and when the `small` profile is built: udfs.model_paths; which profile a stage started alone chooses:
+jobs.infra.stage. Every room declares its sections in `jobs/<room>/settings.py` (`SECTIONS`); `settings_model`
+finds them at run time and composes the one `Settings` model, so the platform names no room.
 
 A new section: a `Section` subclass in its room's settings.py, listed in that module's SECTIONS under the key it
 has in the config, with `order` (a ClassVar int no other section has: where it stands in --print-config and every
@@ -38,11 +39,12 @@ from pydantic import (
     field_validator,
 )
 
-from udfs.home import bundled, checkout, command, home, home_and_reason
+from udfs.home import CODE_ROOT, bundled, checkout, command, home, home_and_reason
+from udfs.model_paths import MODELS, REGISTRY_PREFIX
 
-# The folder above jobs/: a checkout's root (tests and scripts find their files under it), or site-packages when
-# installed. Relative paths in config never resolve against it but against udfs.home.home().
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# The folder above jobs/ and udfs/: a checkout's root (tests and scripts find their files under it), or
+# site-packages when installed. Relative paths in config never resolve against it but against udfs.home.home().
+PROJECT_ROOT = CODE_ROOT
 # The config layers: the checkout's conf/ (the files people edit), else the installed package's data (the same
 # files, mapped into the wheel by pyproject.toml). Missing only in a broken install; _read_yaml then says so.
 CONF_DIR = bundled("conf") or PROJECT_ROOT / "conf"
@@ -89,7 +91,7 @@ class PathSettings(Section):
     order: ClassVar[int] = 20
 
     lake: str = "lake"
-    models: str = "models"
+    models: str = MODELS
     checkpoints: str = "lake/_checkpoints"
     # Where `python -m jobs.infra.data fetch` lays out the public datasets; dataset paths in config that
     # start with ${paths.data} follow it.
@@ -137,7 +139,9 @@ class ModelRef(Section):
     @classmethod
     def _registered(cls, value: str) -> str:
         # A typo in a registry name fails when the config is read, not when a job first loads the model.
-        if value.startswith("registry:") and value[len("registry:"):] not in (known := registered_model_names()):
+        if value.startswith(REGISTRY_PREFIX) and value.removeprefix(REGISTRY_PREFIX) not in (
+            known := registered_model_names()
+        ):
             raise ValueError(f"{value!r}: no such model in conf/model_registry.yaml; registered: {', '.join(known)}")
         return value
 
@@ -686,44 +690,6 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             flat[dotted] = json.dumps(value) if not isinstance(value, str) else value
     return flat
-
-
-# --- the model profile `make run` uses --------------------------------------------------------------------------
-
-SMALL_NLI = "models/nli-small"  # written by `make models` (jobs.training.train_nli); the `small` profile's NLI model
-SMALL_PVI = "models/pvi-small"  # written by `make models` (jobs.training.train_pvi): <dir>/g and g_null
-SMALL_INFO_GAIN = "models/gemma3-270m"  # fetched by `make models` (jobs.infra.models fetch gemma3-270m)
-
-
-def small_built(root: str | os.PathLike[str] | None = None) -> bool:
-    """True once `make models` has built every model of the small profile: the NLI model (train_nli.json marks
-    a finished run), g and g' (train_pvi.json in each kind's folder) and the information-gain model, fetched by
-    name (model_record.json marks a finished fetch)."""
-    root = home() if root is None else Path(root)
-    folders = {root / SMALL_NLI: "train_nli.json", root / SMALL_PVI / "g": "train_pvi.json",
-               root / SMALL_PVI / "g_null": "train_pvi.json", root / SMALL_INFO_GAIN: "model_record.json"}
-    return all((folder / "config.json").exists() and (folder / record).exists() for folder, record in folders.items())
-
-
-def with_built_models(argv: Sequence[str], environ: Mapping[str, str] | None = None,
-                      root: str | os.PathLike[str] | None = None) -> list[str]:
-    """A job's command line with `--set models.profile=small` added when the small NLI model is built and no layer
-    but conf/defaults.yaml chooses a model profile: `make run` then scores with a real NLI model once `make models`
-    has run, and any profile chosen on the command line, in the environment or a --config file still wins.
-    Only entry points call it (`python -m`), so tests and library calls keep the defaults they ask for."""
-    import argparse
-
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--config")
-    parser.add_argument("--set", action="append", default=[], dest="overrides")
-    known, _ = parser.parse_known_args(list(argv))
-    try:
-        _, sources = load_settings_with_sources(known.config, known.overrides, environ)
-    except ConfigError:
-        return list(argv)  # the job itself reports the bad configuration
-    # The default profile's own file repeats its name: only those two layers mean "nobody chose".
-    chosen = not source_of("models.profile", sources).startswith(("conf/defaults.yaml", "conf/models/"))
-    return list(argv) if chosen or not small_built(root) else [*argv, "--set", "models.profile=small"]
 
 
 def random_models_note(settings: Settings) -> str | None:

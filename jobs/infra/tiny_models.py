@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.infra.config import resolve_path
+from udfs.model_paths import MODELS
 
 # Byte-level BPE needs no unknown token: any text (emoji, Cyrillic, control characters) encodes.
 _CORPUS = """
@@ -177,7 +178,7 @@ def build_nli_from_encoder(encoder_path: str | Path, out: Path, seed: int = 0) -
 HELPER_VERSION = "2"
 
 
-def build_all(root: str | Path = "models", force: bool = False) -> dict[str, Path]:
+def build_all(root: str | Path = MODELS, force: bool = False) -> dict[str, Path]:
     """The three tiny models under `root` (kept when present and built by this helper version, unless `force`)."""
     base = resolve_path(root)
     built = {}
@@ -195,7 +196,7 @@ def build_all(root: str | Path = "models", force: bool = False) -> dict[str, Pat
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default="models")
+    parser.add_argument("--out", default=MODELS)
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
     for name, path in build_all(args.out, args.force).items():

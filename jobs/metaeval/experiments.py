@@ -224,7 +224,7 @@ STAGE = Stage("experiments", __doc__, _body, arguments=_arguments, plan=_plan, p
               run_name=lambda args: f"experiments_{args.experiment}")
 
 
-def main(argv: Sequence[str] | None = None) -> str:
+def main(argv: list[str] | None = None) -> str:
     return STAGE.main(argv)
 
 

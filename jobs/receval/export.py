@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -127,7 +126,7 @@ def _body(job: Job) -> dict[str, int | str]:
 STAGE = Stage("export", __doc__, _body, reads=("curated", "rejected", "chains"), writes=(), section="export")
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, int | str]:
+def main(argv: list[str] | None = None) -> dict[str, int | str]:
     return STAGE.main(argv)
 
 

@@ -28,7 +28,7 @@ from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, S
 
 from jobs.infra import tables
 from jobs.infra.config import Settings, resolve_path
-from jobs.infra.stage import Job, Stage
+from jobs.infra.stage import Job, Stage, StageFailed
 from jobs.receval.ingest_presets import (
     METADATA_PREFIX,
     STEP_KEYS,
@@ -642,8 +642,9 @@ def transform(
     return tables.conform(chains, C.SCHEMA), bad_rows.unionByName(dup_rows)
 
 
-class QuarantineLimitError(RuntimeError):
-    """Ingest quarantined at least `ingest.max_quarantined_share` of the rows it read (they are in `quarantine`)."""
+class QuarantineLimitError(StageFailed):
+    """Ingest quarantined at least `ingest.max_quarantined_share` of the rows it read (they are in `quarantine`).
+    Expected, and logged where raised: a stage's command line ends with one line, no traceback (StageFailed)."""
 
 
 def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> dict[str, int]:
@@ -776,7 +777,4 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except QuarantineLimitError as err:  # already logged, and the MLflow run ended FAILED: no traceback
-        raise SystemExit(f"error: {err}") from None
+    main()

@@ -340,7 +340,7 @@ STAGE = Stage("nli_scores", __doc__, _body, reads=("steps", "contexts"), writes=
               section="nli")
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, int]:
+def main(argv: list[str] | None = None) -> dict[str, int]:
     return STAGE.main(argv)
 
 

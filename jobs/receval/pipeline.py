@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -704,11 +703,4 @@ def prepare(settings: Settings, transforms: Transforms | None) -> None:
 
 
 if __name__ == "__main__":
-    from jobs.infra.config import with_built_models
-    from jobs.receval.ingest import QuarantineLimitError
-
-    # `make run`: the small profile once `make models` built it, unless a profile was chosen.
-    try:
-        main(with_built_models(sys.argv[1:]))
-    except QuarantineLimitError as err:  # already logged, and the MLflow run ended FAILED: no traceback
-        raise SystemExit(f"error: {err}") from None
+    main()

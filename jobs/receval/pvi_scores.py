@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -38,6 +37,7 @@ from jobs.receval.settings import PviSettings
 from schemas import step_scores as SS
 from schemas import steps as ST
 from udfs import loglik
+from udfs.model_paths import PVI_RECORD
 from udfs.pvi_prompts import IG_CUR, IG_PREV, NULL, TRAINED_KIND, G, chain_requests
 
 log = logging.getLogger(__spec__.name)
@@ -236,7 +236,7 @@ def check_trained(settings: Settings) -> None:
             continue
         path = getattr(settings.models, role).path
         folder = Path(runtime.resolve_model_path(path))
-        record = folder / "train_pvi.json"
+        record = folder / PVI_RECORD
         found = json.loads(record.read_text()).get("kind") if record.is_file() else None
         if found == kind and (folder / "config.json").is_file():
             continue
@@ -333,9 +333,9 @@ STAGE = Stage(
 )
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, int]:
+def main(argv: list[str] | None = None) -> dict[str, int]:
     return STAGE.main(argv)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import random
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from jobs.infra.progress import Progress
 from jobs.infra.stage import Job, Stage
 from jobs.training.settings import NLI_LABELS, NliSourceSettings, TrainNliSettings
 from udfs.home import command
+from udfs.model_paths import NLI_RECORD, SMALL_NLI
 
 log = logging.getLogger(__spec__.name)
 
@@ -487,7 +487,7 @@ def run(settings: Settings, job: Any = None) -> tuple[Path, dict[str, Any]]:
                # the Trainer's own count (steps per epoch = batches, times epochs, rounded up; or max_steps)
                "optimizer_steps": planned_steps(len(train_pairs), cfg),
                "heldout": results, "history": history, "settings": cfg.model_dump(mode="json")}
-    (out / "train_nli.json").write_text(json.dumps(summary, indent=1))
+    (out / NLI_RECORD).write_text(json.dumps(summary, indent=1))
     (out / "README.md").write_text(model_card(settings, train_pairs, held, results, history, seconds))
     for name, r in results.items():
         log.info("[train_nli] held out %s: %s", name, r)
@@ -503,9 +503,9 @@ def run(settings: Settings, job: Any = None) -> tuple[Path, dict[str, Any]]:
         for h in history:
             job.log_metrics({"train_loss": h["train_loss"], "lr": h["lr"]}, step=int(h["step"]))
         job.set_tags({"model_dir": str(out), "train_sources": ",".join(cfg.use)})
-        job.log_text("train_nli/train_nli.json", json.dumps(summary, indent=1))
+        job.log_text(f"train_nli/{NLI_RECORD}", json.dumps(summary, indent=1))
     log.info(f"[train_nli] model saved to {out} in {seconds:.0f} s; score with --set models.nli.path={out} "
-             "(or --set models.profile=small for models/nli-small)")
+             f"(or --set models.profile=small for {SMALL_NLI})")
     return out, summary
 
 
@@ -535,9 +535,9 @@ STAGE = Stage("train_nli", __doc__, _body, section="train_nli", uses_spark=False
               check=lambda settings, args: check_sources(settings))
 
 
-def main(argv: Sequence[str] | None = None) -> str | None:
+def main(argv: list[str] | None = None) -> str | None:
     return STAGE.main(argv)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -24,7 +24,6 @@ import json
 import logging
 import math
 import random
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ from jobs.infra.progress import Progress
 from jobs.infra.stage import Job, Stage
 from jobs.training.settings import TrainPviSettings
 from udfs import pvi_prompts as P
+from udfs.model_paths import PVI_RECORD
 
 log = logging.getLogger(__spec__.name)
 
@@ -301,12 +301,12 @@ def run(settings: Settings, job=None) -> tuple[Path, list[dict[str, float]]]:
                  f"{cfg.train_path} -> {base}")
         cfg = cfg.model_copy(update={"base_model": str(base)})
     history = train(train_pairs, dev_pairs, cfg, out, task_device(settings.runtime.device), settings.log.progress_seconds)
-    # train_pvi.json beside the weights marks a trained checkpoint of this kind (models.require_trained_pvi).
+    # PVI_RECORD beside the weights marks a trained checkpoint of this kind (models.require_trained_pvi).
     best_epoch = next(int(h["epoch"]) for h in history if h["kept"])
-    (out / "train_pvi.json").write_text(json.dumps({"kind": cfg.kind, "best_epoch": best_epoch, "history": history,
-                                                    "empty_premises": empty,
-                                                    "base_model_dir": cfg.base_model,
-                                                    "settings": settings.train_pvi.model_dump(mode="json")}, indent=1))
+    (out / PVI_RECORD).write_text(json.dumps({"kind": cfg.kind, "best_epoch": best_epoch, "history": history,
+                                              "empty_premises": empty,
+                                              "base_model_dir": cfg.base_model,
+                                              "settings": settings.train_pvi.model_dump(mode="json")}, indent=1))
     if job is not None:
         job.log_metrics({"train_pairs": len(train_pairs), "dev_pairs": len(dev_pairs), "epochs_run": len(history),
                          "best_epoch": best_epoch,
@@ -349,9 +349,9 @@ STAGE = Stage("train_pvi", __doc__, _body, section="train_pvi", uses_spark=False
               check=lambda settings, args: check_split(settings))
 
 
-def main(argv: Sequence[str] | None = None) -> str | None:
+def main(argv: list[str] | None = None) -> str | None:
     return STAGE.main(argv)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

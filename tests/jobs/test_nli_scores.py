@@ -15,12 +15,13 @@ from pyspark.testing import assertDataFrameEqual, assertSchemaEqual
 from tolerance import EXACT_ABS, EXACT_REL, exact, prob_approx
 
 from jobs.infra import tables
-from jobs.infra.config import PROJECT_ROOT, SMALL_NLI, Settings, resolve_path, small_built
+from jobs.infra.config import PROJECT_ROOT, Settings, resolve_path
 from jobs.metaeval.settings import PerturbSettings
 from jobs.receval import nli_scores
 from schemas import quarantine as Q
 from schemas import step_scores as SS
 from schemas import steps as S
+from udfs.model_paths import SMALL_NLI, small_built
 from udfs.runtime import ModelUnavailable
 
 # The fake NLI below runs in Spark's Python workers, which cannot import this test module by name.

@@ -10,8 +10,8 @@ import shutil
 import pytest
 from conftest import SAMPLE_LAKE, sqlite_store
 
-from jobs.infra.config import small_built
 from jobs.receval import pipeline
+from udfs.model_paths import small_built
 
 pytestmark = [
     pytest.mark.manual,
