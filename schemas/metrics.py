@@ -89,6 +89,16 @@ ARITH_ERRORS = "arith_errors"
 ARITH_FAILED = "arith_failed"  # step_scores: the failing equations with their real values, `18 - 6 = 13 (is 12)`
 _CHAIN = (MIN, WORST_STEP, MEAN)
 
+# Subsets other settings default to (settings read them at run time, so a test can change one here):
+# - the paper's four step scores, in localisation's report order: localise evaluates and combines these (the
+#   arithmetic check, this project's addition and sparse, is opt-in there);
+# - downstream chain selection's criteria (docs/design/RECEVAL.md "Downstream selection"): correctness from the
+#   entailment and contradiction scores, informativeness from information gain, each by its chain score
+#   (chain_scores_of).
+PAPER_STEP_SCORES = (INTRA_ENTAIL, INTER, INTRA_PVI, INFO_GAIN)
+SELECT_CORRECTNESS = (INTRA_ENTAIL, INTER)
+SELECT_INFORMATIVENESS = (INFO_GAIN,)
+
 # Registry order is the order of every list derived from it: chain_scores' columns, the meta-evaluation's default
 # metrics, the report's sections. The step scores follow the paper: intra-step correctness, intra-step
 # informativeness, inter-step correctness, information gain.
@@ -260,6 +270,12 @@ def step_counts() -> tuple[Metric, ...]:
 def chain_score_column(metric: Metric) -> str:
     """A step score's chain score: `<metric>_min`, or a count's `<metric>_total`."""
     return chain_column(metric.name, TOTAL if metric.is_count else MIN)
+
+
+def chain_scores_of(names: Iterable[str]) -> list[str]:
+    """The chain scores of the named step scores, e.g. [intra_entail_min, inter_min] (KeyError for a name the
+    registry does not hold as a step score)."""
+    return [chain_score_column(get(STEP_SCORES, name)) for name in names]
 
 
 def lower_is_better_columns() -> set[str]:

@@ -91,9 +91,15 @@ def test_chain_scores_contract_equals_the_one_written_out_before_the_registry():
 
 
 def test_lists_derived_from_the_registry_equal_the_ones_written_out_before():
-    assert load_settings(overrides=[], environ={}).meta_eval.metrics == [
+    settings = load_settings(overrides=[], environ={})
+    assert settings.meta_eval.metrics == [
         "intra_entail_min", "intra_pvi_min", "inter_min", "info_gain_min", "arith_valid_min", "arith_errors_total",
         "api_1", "api_2", "api_3"]
+    paper = ["intra_entail", "inter", "intra_pvi", "info_gain"]
+    assert (settings.localise.metrics, settings.localise.combine) == (paper, paper)
+    select = settings.select
+    assert select.correctness == ["intra_entail_min", "inter_min"]
+    assert select.informativeness == ["info_gain_min"]
     assert CS.score_columns() == ["intra_entail_min", "intra_pvi_min", "inter_min", "info_gain_min",
                                   "arith_valid_min"]
     assert (CS.count_names(), MR.lower_is_better_columns()) == (["arith_errors"], {"arith_errors_total"})
@@ -111,6 +117,22 @@ def test_lists_derived_from_the_registry_equal_the_ones_written_out_before():
         "roscoe_sa_faithfulness_step": "mean", "roscoe_sa_repetition_token": "min", "roscoe_ss_repetition_step": "min",
         "roscoe_li_source_consistency": "min", "roscoe_li_self_consistency": "min"}
     assert cot.AGGREGATES == ("template", "task", "median_template", "macro", "micro")
+
+
+def test_settings_defaults_follow_the_registry_at_run_time(monkeypatch):
+    # A metric name copied into a settings module would stay put: change the registry, and every default moves.
+    from jobs.metaeval.settings import LocaliseSettings
+    from jobs.selection.settings import SelectSettings
+
+    monkeypatch.setattr(MR, "PAPER_STEP_SCORES", (MR.INFO_GAIN, MR.ARITH_VALID))
+    monkeypatch.setattr(MR, "SELECT_CORRECTNESS", (MR.INTRA_PVI,))
+    monkeypatch.setattr(MR, "SELECT_INFORMATIVENESS", (MR.ARITH_ERRORS,))
+    monkeypatch.setattr(MR, "MIN", "lowest")  # the chain score's column name comes from the registry too
+    localise, select = LocaliseSettings(), SelectSettings()
+    assert localise.metrics == localise.combine == ["info_gain", "arith_valid"]
+    assert (select.correctness, select.informativeness) == (["intra_pvi_lowest"], ["arith_errors_total"])
+    with pytest.raises(KeyError, match="not a step_scores metric"):
+        MR.chain_scores_of(["rouge2"])
 
 
 def test_every_metric_names_a_column_its_table_or_producer_has():

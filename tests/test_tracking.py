@@ -57,3 +57,49 @@ def test_job_run_logs_model_as_registered_mlflow_model(settings, tiny_models, mo
         model = mlflow.pyfunc.load_model("models:/receval-pvi-g/1")
     (text,) = model.predict(["Generate entailed sentence: fur is thick ->"])
     assert isinstance(text, str)
+
+
+def test_nli_model_predict_sizes_its_calls_from_the_model_config(monkeypatch):
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pandas as pd
+
+    from jobs.infra import mlflow_models
+    from jobs.infra.config import RuntimeSettings
+    from udfs import nli
+
+    sizes = []
+
+    def fake_pairs(model, tokenizer, premises, hypotheses, batch_size, max_length):
+        sizes.append((batch_size, max_length))
+        return SimpleNamespace(probs=np.zeros((len(premises), 3)))
+
+    monkeypatch.setattr(nli, "predict_pairs", fake_pairs)
+    model = mlflow_models.NliClassifier()
+    model.model = model.tokenizer = None
+    pairs = pd.DataFrame({"premise": ["p"], "hypothesis": ["h"]})
+    for config in (mlflow_models.nli_config(5, 40), None):  # None: a model logged before the sizes were
+        model.predict(SimpleNamespace(model_config=config), pairs)
+    runtime = RuntimeSettings()
+    assert sizes == [(5, 40), (runtime.batch_size, runtime.max_length)]
+
+
+def test_job_run_logs_nli_model_with_the_sizes_it_was_given(settings, tiny_models, monkeypatch, tmp_path):
+    import mlflow
+    import pandas as pd
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    from jobs.infra.mlflow_models import nli_config
+    from udfs.nli import CONTRADICTION, ENTAIL, NEUTRAL
+
+    uri = f"sqlite:///{tmp_path}/t.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with job_run(settings, "train_nli") as run:
+        run.log_model(tiny_models["tiny-nli"], "nli", registered_name="receval-nli", config=nli_config(2, 24))
+    with _use_tracking_uri(uri):
+        model = mlflow.pyfunc.load_model("models:/receval-nli/1")
+    assert {k: model.model_config[k] for k in ("batch_size", "max_length")} == nli_config(2, 24)
+    pairs = pd.DataFrame({"premise": ["a cat sat", "it rains", "x"], "hypothesis": ["a cat", "dry", "y"]})
+    probs = model.predict(pairs)
+    assert list(probs.columns) == [ENTAIL, NEUTRAL, CONTRADICTION] and len(probs) == 3

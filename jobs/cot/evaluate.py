@@ -222,18 +222,29 @@ def score_classification(df: DataFrame, options_udf: Callable[..., Column], scor
     )
 
 
-def transform(
-    examples: DataFrame, mode: str, cfg: CotSettings, model: str, udfs: CotUdfs, partitions: int,
-    hold: tables.Held | None = None, fewshot: Mapping[tuple[str, str], tuple[str, str]] | None = None,
-) -> tuple[DataFrame, DataFrame]:
-    """Examples (EXAMPLE_SCHEMA) -> (predictions in PREDICTIONS_SCHEMA, failed rows with `_error`, `_stage`).
+@dataclass(frozen=True)
+class _Pass:
+    """What every mode's functions share: settings, model UDFs, partitions and the holder of their frames."""
 
-    Pure: no reads or writes. With `hold`, model outputs are persisted (released by the holder) so no UDF
-    runs twice for a row. `fewshot` ((dataset, task) -> (prefix, suffix), `jobs.cot.data.load_fewshot`) puts
-    exemplars around the CoT-mode prompts of the tasks it names; Direct prompts stay zero-shot (the exemplar
-    files are CoT demonstrations).
-    """
-    keep = hold if hold is not None else (lambda df: df)
+    cfg: CotSettings
+    udfs: CotUdfs
+    partitions: int
+    keep: Callable[[DataFrame], DataFrame]
+
+    def generated(self, rows: DataFrame, udf: Callable[..., Column]) -> DataFrame:
+        """`rows` with the struct `g`, `udf`'s generation from the prompt (held)."""
+        # Sorted inside partitions: a rerun forms the same batches (sampled rows draw per row, so the text
+        # would not change anyway; the padding, and with it the float noise, stays the same too).
+        ordered = rows.repartition(self.partitions, KEY).sortWithinPartitions(KEY)
+        return self.keep(ordered.withColumn("g", udf(S.PROMPT)))
+
+
+def _prompted(
+    examples: DataFrame, mode: str, cfg: CotSettings, udfs: CotUdfs,
+    fewshot: Mapping[tuple[str, str], tuple[str, str]] | None,
+) -> DataFrame:
+    """Examples -> with PROMPT (the source and the mode's suffix; exemplars around CoT prompts of the tasks
+    `fewshot` names) and `_src_cut` (the source was cut to fit)."""
     suffix = cfg.direct_suffix if mode == "direct" else cfg.cot_trigger
     if udfs.prompt is not None:  # official: the source truncated and round-tripped through the tokenizer
         built = examples.withColumn("_p", udfs.prompt(suffix)(F.col(S.SOURCE)))
@@ -247,27 +258,34 @@ def transform(
         base = base.withColumn("_shot", shot)
         base = base.withColumn(S.PROMPT, F.coalesce(F.col("_shot"), F.col(S.PROMPT)))
         base = base.withColumn("_src_cut", F.col("_shot").isNull() & F.col("_src_cut")).drop("_shot")
-    base = keep(base.withColumn(KEY, _key()))
-    cls = base.where(F.col(S.OPTIONS).isNotNull() & (F.size(S.OPTIONS) > 0))
-    gen = base.where(F.col(S.OPTIONS).isNull() | (F.size(S.OPTIONS) == 0))
+    return base
 
-    # Classification: the prefix between prompt and options is empty (Direct) or rationale + join (CoT).
-    if mode == "direct":
-        cls_in = cls.withColumn("prefix", F.lit("")).withColumn(S.RATIONALE, F.lit(None).cast("string"))
-        cls_in = cls_in.withColumn("_gen_error", F.lit(None).cast("string")).withColumn("_gen_truncated", F.lit(False))
-    else:
-        # Sorted inside partitions: a rerun forms the same batches (sampled rows draw per row, so the text would not
-        # change anyway; the padding, and with it the float noise, stays the same too).
-        drafted = keep(cls.repartition(partitions, KEY).sortWithinPartitions(KEY).withColumn("g", udfs.rationale(S.PROMPT)))
-        cls_in = (
-            drafted.withColumn(S.RATIONALE, _rationale_of(cfg.indicators)(F.col("g.text")))
-            .withColumn("prefix", F.concat(F.coalesce(F.col(S.RATIONALE), F.lit("")), F.lit(cfg.answer_join)))
-            .withColumn("_gen_error", F.col("g.error"))
-            .withColumn("_gen_truncated", F.coalesce(F.col("g.truncated"), F.lit(False)))
-            .drop("g")
-        )
+
+# Classification: the prefix between prompt and options is empty (Direct) or rationale + join (CoT); each
+# mode's function -> (predictions, rows whose rationale could not be generated).
+def _direct_classification(cls: DataFrame, run: _Pass) -> tuple[DataFrame, DataFrame]:
+    cls_in = cls.withColumn("prefix", F.lit("")).withColumn(S.RATIONALE, F.lit(None).cast("string"))
+    cls_in = cls_in.withColumn("_gen_error", F.lit(None).cast("string")).withColumn("_gen_truncated", F.lit(False))
+    return _classified(cls_in, run)
+
+
+def _cot_classification(cls: DataFrame, run: _Pass) -> tuple[DataFrame, DataFrame]:
+    drafted = run.generated(cls, run.udfs.rationale)
+    cls_in = (
+        drafted.withColumn(S.RATIONALE, _rationale_of(run.cfg.indicators)(F.col("g.text")))
+        .withColumn("prefix", F.concat(F.coalesce(F.col(S.RATIONALE), F.lit("")), F.lit(run.cfg.answer_join)))
+        .withColumn("_gen_error", F.col("g.error"))
+        .withColumn("_gen_truncated", F.coalesce(F.col("g.truncated"), F.lit(False)))
+        .drop("g")
+    )
+    return _classified(cls_in, run)
+
+
+def _classified(cls_in: DataFrame, run: _Pass) -> tuple[DataFrame, DataFrame]:
+    """Rows with their prefix, rationale, `_gen_error` and `_gen_truncated` -> the options scored after the
+    prefix and judged (PREDICTIONS_SCHEMA's columns + `_error`), and the rows whose rationale failed."""
     ok_cls = cls_in.where(F.col("_gen_error").isNull())
-    scored = keep(score_classification(ok_cls, udfs.options, cfg.score, partitions))
+    scored = run.keep(score_classification(ok_cls, run.udfs.options, run.cfg.score, run.partitions))
     cls_out = ok_cls.join(scored, KEY)
     judge_cls = _judge(False)
     cls_pred = (
@@ -294,19 +312,28 @@ def transform(
     cls_failed = cls_in.where(F.col("_gen_error").isNotNull()).select(
         *S.EXAMPLE_SCHEMA.fieldNames(), F.col("_gen_error").alias("_error"), F.lit("rationale_generation_failed").alias("_reason")
     )
+    return cls_pred, cls_failed
 
-    # Generation: Direct compares the whole output; CoT takes the text after the last indicator.
-    gen_udf = udfs.direct_generate if mode == "direct" else udfs.cot_generate
-    generated = keep(gen.repartition(partitions, KEY).sortWithinPartitions(KEY).withColumn("g", gen_udf(S.PROMPT)))
-    if mode == "direct":
-        answer = _answer_of(())(F.col("g.text"))  # Python's strip, as the official ids_to_clean_text (F.trim keeps "\n")
-        rationale = F.lit(None).cast("string")
-    else:
-        answer = _answer_of(cfg.indicators, cfg.answer_until)(F.col("g.text"))
-        rationale = F.col("g.text")
+
+# Generation: Direct compares the whole output; CoT takes the text after the last indicator.
+def _direct_generation(gen: DataFrame, run: _Pass) -> DataFrame:
+    generated = run.generated(gen, run.udfs.direct_generate)
+    answer = _answer_of(())(F.col("g.text"))  # Python's strip, as the official ids_to_clean_text (F.trim keeps "\n")
+    return _judged_generation(generated, answer, F.lit(None).cast("string"))
+
+
+def _cot_generation(gen: DataFrame, run: _Pass) -> DataFrame:
+    generated = run.generated(gen, run.udfs.cot_generate)
+    answer = _answer_of(run.cfg.indicators, run.cfg.answer_until)(F.col("g.text"))
+    return _judged_generation(generated, answer, F.col("g.text"))
+
+
+def _judged_generation(generated: DataFrame, answer: Column, rationale: Column) -> DataFrame:
+    """Rows with their generation `g` -> `answer` judged against the gold (PREDICTIONS_SCHEMA's columns and
+    `_error`)."""
     judged = generated.withColumn(S.PREDICTION, answer).withColumn(S.RATIONALE, rationale)
     judged = judged.withColumn("_j", _judge(True)(F.col(S.PREDICTION), F.col(S.GOLD)))
-    gen_pred = judged.select(
+    return judged.select(
         *[F.col(c) for c in S.EXAMPLE_SCHEMA.fieldNames()],
         F.col(S.PROMPT),
         F.col(S.RATIONALE),
@@ -320,6 +347,13 @@ def transform(
         F.col("g.error").alias("_error"),
         F.lit(0.0).alias(S.CHANCE),
     )
+
+
+def _split_failed(
+    cls_pred: DataFrame, gen_pred: DataFrame, cls_failed: DataFrame, mode: str, model: str
+) -> tuple[DataFrame, DataFrame]:
+    """Both kinds' predictions -> (the good ones in PREDICTIONS_SCHEMA, every failed row with `_error` and
+    `_reason`)."""
     both = cls_pred.unionByName(gen_pred).withColumn(S.MODE, F.lit(mode)).withColumn(S.MODEL, F.lit(model))
     both = both.withColumn(S.PROTOCOL_HASH, F.lit(None).cast("string"))  # run() stamps the run's fingerprint
     good = both.where(F.col("_error").isNull()).drop("_error")
@@ -328,6 +362,28 @@ def transform(
     )
     failed = failed.unionByName(cls_failed).withColumn(S.MODE, F.lit(mode))
     return tables.conform(good, S.PREDICTIONS_SCHEMA), failed
+
+
+def transform(
+    examples: DataFrame, mode: str, cfg: CotSettings, model: str, udfs: CotUdfs, partitions: int,
+    hold: tables.Held | None = None, fewshot: Mapping[tuple[str, str], tuple[str, str]] | None = None,
+) -> tuple[DataFrame, DataFrame]:
+    """Examples (EXAMPLE_SCHEMA) -> (predictions in PREDICTIONS_SCHEMA, failed rows with `_error`, `_stage`).
+
+    Pure: no reads or writes. With `hold`, model outputs are persisted (released by the holder) so no UDF
+    runs twice for a row. `fewshot` ((dataset, task) -> (prefix, suffix), `jobs.cot.data.load_fewshot`) puts
+    exemplars around the CoT-mode prompts of the tasks it names; Direct prompts stay zero-shot (the exemplar
+    files are CoT demonstrations).
+    """
+    run = _Pass(cfg, udfs, partitions, hold if hold is not None else (lambda df: df))
+    base = run.keep(_prompted(examples, mode, cfg, udfs, fewshot).withColumn(KEY, _key()))
+    cls = base.where(F.col(S.OPTIONS).isNotNull() & (F.size(S.OPTIONS) > 0))
+    gen = base.where(F.col(S.OPTIONS).isNull() | (F.size(S.OPTIONS) == 0))
+    if mode == "direct":
+        (cls_pred, cls_failed), gen_pred = _direct_classification(cls, run), _direct_generation(gen, run)
+    else:
+        (cls_pred, cls_failed), gen_pred = _cot_classification(cls, run), _cot_generation(gen, run)
+    return _split_failed(cls_pred, gen_pred, cls_failed, mode, model)
 
 
 # ---- metrics (driver side: one row per group, small) -----------------------------------------------------

@@ -246,9 +246,12 @@ class JobRun:
         self.datasets.append(entry)
         self._send(lambda c: c.log_inputs(self.run_id, datasets=[_dataset_input(entry)]))
 
-    def log_model(self, folder: str | os.PathLike[str], name: str, registered_name: str | None = None) -> None:
-        """A saved transformers model folder as an MLflow (pyfunc) model named `name`, registered on request."""
-        entry = {"folder": str(folder), "name": name, "registered_name": registered_name}
+    def log_model(self, folder: str | os.PathLike[str], name: str, registered_name: str | None = None,
+                  config: dict[str, Any] | None = None) -> None:
+        """A saved transformers model folder as an MLflow (pyfunc) model named `name`, registered on request;
+        `config`: model_config entries its predict reads (an NLI model's mlflow_models.nli_config)."""
+        entry = {"folder": str(folder), "name": name, "registered_name": registered_name,
+                 "config": config or {}}
         self.models.append(entry)
         self._send(lambda c: _send_model(self.uri, self.run_id, entry))
 
@@ -295,7 +298,8 @@ def _dataset_input(entry: dict[str, Any]) -> Any:
 def _send_model(uri: str, run_id: str, entry: dict[str, Any]) -> None:
     from jobs.infra.mlflow_models import log_folder
 
-    log_folder(uri, run_id, entry["folder"], entry["name"], entry["registered_name"])
+    # A bundle saved before models carried a config has none.
+    log_folder(uri, run_id, entry["folder"], entry["name"], entry["registered_name"], entry.get("config"))
 
 
 def _experiment_id(client: Any, uri: str, settings: Settings) -> str:

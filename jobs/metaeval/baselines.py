@@ -22,6 +22,7 @@ from jobs.infra import tables
 from jobs.infra.config import ModelsSettings, RuntimeSettings, Settings
 from jobs.infra.stage import Job, Stage
 from jobs.metaeval.settings import BaselineSettings
+from jobs.receval.settings import NliSettings
 from schemas import baseline_scores as B
 from schemas import chains as C
 from udfs import roscoe
@@ -69,12 +70,13 @@ def embed_factory(cfg: BaselineSettings, models: ModelsSettings, rt: RuntimeSett
     return factory
 
 
-def contradict_factory(models: ModelsSettings, rt: RuntimeSettings) -> ContradictFactory:
+def contradict_factory(nli_cfg: NliSettings, models: ModelsSettings,
+                       rt: RuntimeSettings) -> ContradictFactory:
+    # The scoring job's predictor: the nli section's batch size and max length reach these calls too.
+    from jobs.receval.nli_scores import predictor
     from udfs import nli
 
-    ref = models.nli
-    make = nli.model_predictor(ref.path, ref.revision, rt.device, rt.dtype, rt.batch_size, rt.max_length,
-                               rt.torch_threads, rt.trust_remote_code, cache_size=rt.model_cache_size)
+    make = predictor(nli_cfg, models.nli, rt)
 
     def factory() -> roscoe.ContradictFn:
         predict = make()
@@ -135,12 +137,13 @@ def score_batch(pdf: pd.DataFrame, groups: list[str], reference_based: bool, nlp
 
 
 def transform(chains: DataFrame, cfg: BaselineSettings, models: ModelsSettings, rt: RuntimeSettings,
-              embed: EmbedFactory | None = None, contradict: ContradictFactory | None = None) -> DataFrame:
+              nli_cfg: NliSettings, embed: EmbedFactory | None = None,
+              contradict: ContradictFactory | None = None) -> DataFrame:
     """`chains` -> long score rows (`_OUT` + computed_at; `split` parts them). Factories run inside the workers
-    (models load once per worker)."""
+    (models load once per worker); `nli_cfg` sizes the NLI model's calls as the scoring job's."""
     groups = list(cfg.groups)
     embed = embed or (embed_factory(cfg, models, rt) if {"sa", "ss"} & set(groups) else None)
-    contradict = contradict or (contradict_factory(models, rt) if "li" in groups else None)
+    contradict = contradict or (contradict_factory(nli_cfg, models, rt) if "li" in groups else None)
     names = {"embedding": models.embedding.path, "nli": models.nli.path}
     reference_based, per_step = cfg.reference_based, cfg.per_step
 
@@ -177,7 +180,8 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
         runtime.check_available(settings.models.nli.path, "nli")
     with tables.Held() as hold:
         # Held once: the chain and step rows are two filters of one scoring pass, so the models run once.
-        scored = split(hold(transform(chains, settings.baselines, settings.models, settings.runtime)))
+        scored = split(hold(transform(chains, settings.baselines, settings.models, settings.runtime,
+                                      settings.nli)))
         chain_rows = scored.chains
         tables.upsert(spark, chain_rows, settings.table("baseline_scores"), B.SCHEMA, KEYS)
         counts = {"chains": chains.count(), "scores": chain_rows.count()}

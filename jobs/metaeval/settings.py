@@ -65,10 +65,11 @@ class LocaliseSettings(Section):
     # The subset whose F1-best threshold every subset is evaluated with (the paper's protocol: GSM8K).
     calibration: str = "processbench_gsm8k"
     # step_scores metrics evaluated (each higher-is-better; a step is flagged when it scores below the threshold).
-    metrics: list[str] = Field(default_factory=lambda: ["intra_entail", "inter", "intra_pvi", "info_gain"])
+    # Default: the paper's four, as the metric registry lists them.
+    metrics: list[str] = Field(default_factory=lambda: list(MR.PAPER_STEP_SCORES))
     # The combination `receval_rank_min`: these metrics rank-normalised over the calibration subset's steps, then
     # the per-step min. [] = no combination.
-    combine: list[str] = Field(default_factory=lambda: ["intra_entail", "inter", "intra_pvi", "info_gain"])
+    combine: list[str] = Field(default_factory=lambda: list(MR.PAPER_STEP_SCORES))
     # Per-step baseline scores (a lake table of chain_id, step_idx, metric, score, higher-is-better) evaluated
     # beside them, e.g. `step_baseline_scores` (the baselines job with baselines.per_step); None: none.
     step_baselines: str | None = None

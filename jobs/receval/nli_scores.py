@@ -184,13 +184,14 @@ def step_scores(premises: DataFrame, all_pairs: DataFrame, scored: DataFrame) ->
 
 def predictor(cfg: NliSettings, ref: ModelRef, rt: RuntimeSettings) -> nli.PredictFactory:
     """The NLI model `ref` (models.nli) as a worker-side factory (device, dtype, batch size from config)."""
+    batch_size, max_length = cfg.call_sizes(rt)
     return nli.model_predictor(
         ref.path,
         ref.revision,
         device=rt.device,
         dtype=rt.dtype,
-        batch_size=cfg.batch_size or rt.batch_size,
-        max_length=cfg.max_length or rt.max_length,
+        batch_size=batch_size,
+        max_length=max_length,
         threads=rt.torch_threads,
         trust_remote_code=rt.trust_remote_code,
         sort=rt.sort_by_length,

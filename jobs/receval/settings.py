@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from jobs.infra.claim import ClaimSettings
-from jobs.infra.config import Section
+from jobs.infra.config import RuntimeSettings, Section
 from jobs.receval.ingest_presets import (
     DEFAULT_MAPPING,
     METADATA_PREFIX,
@@ -139,6 +139,11 @@ class NliSettings(Section):
     inter_history: Literal["all"] | Annotated[int, Field(ge=1)] = "all"
     batch_size: int | None = Field(None, ge=1)  # None: runtime.batch_size
     max_length: int | None = Field(None, ge=8)  # None: runtime.max_length; the premise is cut first
+
+    def call_sizes(self, rt: RuntimeSettings) -> tuple[int, int]:
+        """(batch size, max length) of every call to the NLI model: the scoring job's, the ROSCOE-LI
+        baselines' and the logged MLflow model's, so the three score a pair alike."""
+        return self.batch_size or rt.batch_size, self.max_length or rt.max_length
 
 
 class PviSettings(Section):

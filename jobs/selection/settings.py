@@ -9,6 +9,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from jobs.infra.config import ModelRef, Section
+from schemas import metrics as MR
 
 
 class SelectSettings(Section):
@@ -21,8 +22,9 @@ class SelectSettings(Section):
     criteria: list[Literal["correctness", "informativeness", "both"]] = Field(
         default_factory=lambda: ["correctness", "informativeness", "both"]
     )
-    correctness: list[str] = Field(default_factory=lambda: ["intra_entail_min", "inter_min"])
-    informativeness: list[str] = Field(default_factory=lambda: ["info_gain_min"])
+    # chain_scores columns; defaults from the metric registry's selection criteria.
+    correctness: list[str] = Field(default_factory=lambda: MR.chain_scores_of(MR.SELECT_CORRECTNESS))
+    informativeness: list[str] = Field(default_factory=lambda: MR.chain_scores_of(MR.SELECT_INFORMATIVENESS))
     combine: Literal["rank_mean", "sum"] = "rank_mean"
     greedy_key: str = "sample_idx"  # metadata key; the sample with the smallest value is the greedy one
     # metadata key whose value "true" marks a real greedy decode (sample_chains writes one per question): it is

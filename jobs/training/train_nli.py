@@ -522,11 +522,18 @@ def _plan(spark: Any, settings: Settings, args: Any) -> list[str]:
             f"{cfg.holdout:g}) into {output_dir(settings)}"]
 
 
+def mlflow_config(settings: Settings) -> dict[str, int]:
+    """What the logged MLflow model's predict reads: its calls sized as scoring's (the nli section's)."""
+    from jobs.infra.mlflow_models import nli_config
+
+    return nli_config(*settings.nli.call_sizes(settings.runtime))
+
+
 def _body(job: Job) -> str | None:
     """Train; metrics and the model in one MLflow run; returns the model folder's runs:/ URI."""
     settings, tracked = job.settings, job.tracked
     out, _ = run(settings, tracked)
-    tracked.log_model(out, "nli", settings.train_nli.registered_model)
+    tracked.log_model(out, "nli", settings.train_nli.registered_model, mlflow_config(settings))
     tracked.log_folder("model", out)
     return f"runs:/{tracked.run_id}/model" if tracked.run_id is not None else None
 

@@ -78,13 +78,26 @@ def test_score_batch_per_step_rows_for_chains_given_as_steps():
     assert c1[("roscoe_ss_repetition_step", 0)] == exact(0.5)
 
 
+def test_contradict_factory_sizes_the_nli_calls_from_the_nli_section(make_settings, monkeypatch):
+    from udfs import nli
+
+    called = {}
+    monkeypatch.setattr(nli, "model_predictor", lambda *args, **kwargs: called.update(kwargs))
+    settings = make_settings("nli.batch_size=7", "nli.max_length=99", "runtime.batch_size=3")
+    BL.contradict_factory(settings.nli, settings.models, settings.runtime)
+    assert (called["batch_size"], called["max_length"]) == (7, 99)
+    settings = make_settings("runtime.batch_size=3", "runtime.max_length=64")  # nli section unset: runtime's
+    BL.contradict_factory(settings.nli, settings.models, settings.runtime)
+    assert (called["batch_size"], called["max_length"]) == (3, 64)
+
+
 def test_transform_matches_score_batch(spark, make_settings):
     settings = make_settings("baselines.reference_based=true", "baselines.per_step=true")
     rows = [Row(**{f.name: c.get(f.name) for f in C.SCHEMA.fields} | {C.CONTENT_HASH: c[C.CHAIN_ID]})
             for c in CHAINS]
     chains = spark.createDataFrame(rows, C.SCHEMA).repartition(2)
-    scored = BL.split(BL.transform(chains, settings.baselines, settings.models, settings.runtime, embed=FakeEmbedder,
-                                   contradict=lambda: fake_contradict))
+    scored = BL.split(BL.transform(chains, settings.baselines, settings.models, settings.runtime,
+                                   settings.nli, embed=FakeEmbedder, contradict=lambda: fake_contradict))
     got, got_steps = scored.chains, scored.steps
     pdf = pd.DataFrame([{k: c.get(k) for k in (C.CHAIN_ID, C.CONTEXT, C.STEPS, C.CHAIN_TEXT, C.GOLD_STEPS)}
                         for c in CHAINS])

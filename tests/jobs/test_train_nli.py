@@ -255,3 +255,11 @@ def test_every_registered_source_reads_with_its_labels(make_settings):
             got = {T.NLI_LABELS[y]: n for y, n in zip(*np.unique(train.labels, return_counts=True), strict=True)}
             assert got == mix, name
     assert s.train_nli.sources["scitail"].two_way and not s.train_nli.sources["mnli_m"].two_way
+
+
+def test_the_logged_mlflow_model_sizes_its_calls_as_scoring(make_settings):
+    # The nli section reaches the MLflow model's predict (jobs.infra.mlflow_models); unset, runtime's sizes.
+    assert T.mlflow_config(make_settings("nli.batch_size=7", "nli.max_length=99")) == {"batch_size": 7,
+                                                                                       "max_length": 99}
+    settings = make_settings("runtime.batch_size=3", "runtime.max_length=64")
+    assert T.mlflow_config(settings) == {"batch_size": 3, "max_length": 64}
