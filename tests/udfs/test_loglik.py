@@ -7,8 +7,8 @@ import sys
 
 import pytest
 import torch
-from pyspark import cloudpickle
 from bos_tokenizer import with_bos
+from pyspark import cloudpickle
 from tolerance import loglik_approx
 
 from udfs import loglik
@@ -110,7 +110,7 @@ def test_score_with_a_bos_tokenizer_reads_the_bos_first(gpt2, batch_size):
         want = direct_causal(model, tok, tok.bos_token + s, t)
         assert g.sum_logprob == loglik_approx(sum(want))
         assert g.n_tokens == w.n_tokens
-    assert sum(g.sum_logprob != loglik_approx(w.sum_logprob) for g, w in zip(got[:-1], without[:-1])) >= 4
+    assert sum(g.sum_logprob != loglik_approx(w.sum_logprob) for g, w in zip(got[:-1], without[:-1], strict=True)) >= 4
     # A source cut from the left keeps its BOS: [BOS] + the last (room - 1) source tokens.
     long_source = " the sun is a kind of star" * 40 + " Therefore,"
     cut = loglik.score(model, bos, "causal", [long_source], [" 72"], max_length=24)[0]

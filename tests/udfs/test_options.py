@@ -7,8 +7,8 @@ import sys
 
 import pytest
 import torch
-from pyspark import cloudpickle
 from bos_tokenizer import with_bos
+from pyspark import cloudpickle
 from tolerance import loglik_approx
 
 from udfs import options as O
