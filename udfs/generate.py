@@ -133,8 +133,8 @@ def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
 
 def _prompt_ids(tokenizer: Any, family: str, prompts: Sequence[str], room: int) -> tuple[list[list[int]], list[bool]]:
     causal = family == "causal"
-    ids = causal_ids(tokenizer, prompts) if causal else tokenizer(list(prompts))["input_ids"]
     prefix = causal_prefix(tokenizer) if causal else []
+    ids = causal_ids(tokenizer, prompts, prefix) if causal else tokenizer(list(prompts))["input_ids"]
     out, cut = [], []
     for seq in ids:
         seq = list(seq)

@@ -102,10 +102,11 @@ def causal_prefix(tokenizer: Any) -> list[int]:
     return []
 
 
-def causal_ids(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Token ids of causal-LM inputs: the tokenizer's own prefix, then the text. A text that already begins with
-    the BOS token's string (a chat template writes Gemma's `<bos>` itself) gets no second one."""
-    prefix = causal_prefix(tokenizer)
+def causal_ids(tokenizer: Any, texts: Sequence[str], prefix: Sequence[int] | None = None) -> list[list[int]]:
+    """Token ids of causal-LM inputs: the tokenizer's own prefix (`prefix`, when the caller has it already), then
+    the text. A text that already begins with the BOS token's string (a chat template writes Gemma's `<bos>`
+    itself) gets no second one."""
+    prefix = causal_prefix(tokenizer) if prefix is None else list(prefix)
     ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
     bos = getattr(tokenizer, "bos_token", None)
     return [
@@ -164,9 +165,9 @@ def encode_pairs(
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
     causal = family == "causal"
-    src = causal_ids(tokenizer, sources) if causal else tokenizer(list(sources))["input_ids"]
-    tgt = tokenizer(list(targets), add_special_tokens=False)["input_ids"]
     prefix = causal_prefix(tokenizer) if causal else []
+    src = causal_ids(tokenizer, sources, prefix) if causal else tokenizer(list(sources))["input_ids"]
+    tgt = tokenizer(list(targets), add_special_tokens=False)["input_ids"]
     out: list[Encoded] = []
     for s, t in zip(src, tgt, strict=True):
         s, t = list(s), list(t)

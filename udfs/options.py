@@ -99,15 +99,15 @@ def _encode(
     # Seq2seq with `eos`: the tokenizer's own special tokens (T5 appends </s>), as the official code encodes options.
     special = family == "seq2seq" and eos
     opt_ids = tokenizer(flat, add_special_tokens=special)["input_ids"] if flat else []
+    keep = causal_prefix(tokenizer) if family == "causal" else []
     if family == "causal":
-        ctx_ids = causal_ids(tokenizer, contexts)
+        ctx_ids = causal_ids(tokenizer, contexts, keep)
         pre_ids: list[list[int]] = [[] for _ in prompts]
     else:
         ctx_ids = tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
         pre_ids = tokenizer(list(prefixes), add_special_tokens=False)["input_ids"] if any(prefixes) else [
             [] for _ in prompts
         ]
-    keep = causal_prefix(tokenizer) if family == "causal" else []
     out: list[_Example] = []
     cursor = 0
     for i, opts in enumerate(options):

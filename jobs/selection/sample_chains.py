@@ -5,10 +5,11 @@ GSM-8K). A seeded choice of `sample.questions` questions from `sample.questions_
 inputs); each gets the zero-shot CoT prompt `sample.prompt` ("Q: {question}\\nA: Let's think step by step.\\n",
 Kojima et al. 2022): the paper does not publish its prompt, and zero-shot needs no exemplar file (MGSM's English
 GSM-8K exemplars live in another dataset and are not wired in here), k samples (`sample.k`, temperature, top_p,
-seed); with `sample.chat_template` an instruct model reads the question as a chat user turn and continues its own
-turn opened with `sample.chat_opening`) and one greedy decode (do_sample=False) by `sample.model` (causal or seq2seq). Each chain row: chain_id, dataset, question_id, context (the question), chain, answer (last
-number after the last answer indicator), gold_answer, metadata {sample_idx, greedy, temperature, top_p, seed,
-model, n_tokens, truncated}. The greedy row has greedy=true and no sample_idx: select_chains takes it as the
+seed) and one greedy decode (do_sample=False) by `sample.model` (causal or seq2seq). With `sample.chat_template`
+an instruct model reads the question as a chat user turn and continues its own turn, opened with
+`sample.chat_opening`. Each chain row: chain_id, dataset, question_id, context (the question), chain, answer (last
+number after the last answer indicator), gold_answer, metadata {sample_idx, greedy, temperature, top_p, top_k,
+seed, model, n_tokens, truncated, chat_template}. The greedy row has greedy=true and no sample_idx: select_chains takes it as the
 baseline and never as a candidate. Same settings, same chains (udfs/sampling.py).
 
 Quarantined (stage sample_chains): question rows without text or gold answer, questions whose generation
