@@ -16,6 +16,7 @@ ANSWER_JOIN = "\n[ANSWER] "  # CoT classification: options follow rationale + th
 # "(A) text" lines after "Options:"; BBH writes each on its own line.
 _LETTER_LINE = re.compile(r"^\(([A-Z])\)\s?(.*)$")
 _DASH_LINE = re.compile(r"^-\s?(.*)$")
+_BOXED = re.compile(r"\\boxed\s*\{")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 
 
@@ -87,6 +88,43 @@ def numeric_match(prediction: str | None, gold: str) -> bool | None:
 
 def _is_plain_number(text: str) -> bool:
     return re.fullmatch(r"\s*\$?-?\d[\d,]*(?:\.\d+)?\.?\s*", text) is not None
+
+
+def boxed_answer(text: str) -> str | None:
+    """The content of the last non-empty `\\boxed{...}` in `text` (braces balanced, `\\{` `\\}` literal), stripped;
+    None when there is none. The last one: models often box an intermediate result before the final one, and a
+    nested box (`\\boxed{x = \\boxed{2}}`) gives the inner one."""
+    for match in reversed(list(_BOXED.finditer(text))):
+        depth, i = 1, match.end()
+        while i < len(text) and depth:
+            if text[i] == "\\":  # an escaped character (\{, \}, \\) never opens or closes the box
+                i += 2
+                continue
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        content = text[match.end() : i - 1].strip() if depth == 0 else ""
+        if content:
+            return content
+    return None
+
+
+_FENCE = re.compile(r"^[ \t]*```", re.MULTILINE)
+
+
+def outside_code(text: str) -> str:
+    """The text with every fenced code block (```lang ... ```) removed, the fences too; a block left open at the end
+    (a generation cut inside it) runs to the end. Chat models' "Let's confirm with Python" blocks and the
+    ```output blocks they write themselves are code, not the answer."""
+    fences = [m.start() for m in _FENCE.finditer(text)]
+    kept, pos = [], 0
+    for opening, closing in zip(fences[::2], [*fences[1::2], None], strict=False):
+        kept.append(text[pos:opening])
+        if closing is None:
+            return "".join(kept)
+        end = text.find("\n", closing)
+        pos = len(text) if end < 0 else end + 1
+    kept.append(text[pos:])
+    return "".join(kept)
 
 
 def extract_answer(text: str, indicators: Sequence[str], until: Sequence[str] = ()) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 from schemas import chains as C
 from schemas import step_labels as SL
 from schemas.chains import content_hash
+from udfs.cot_text import boxed_answer
 from udfs.step_labels import NO_ERROR, first_error_rows
 
 REASONS = {
@@ -47,7 +48,6 @@ REASONS = {
 
 # Bytes that are not UTF-8 decode to these lone surrogates (errors="surrogateescape"): text never holds them.
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_BOXED = re.compile(r"\\boxed\s*\{")
 
 
 class FileRejected(ValueError):
@@ -113,24 +113,6 @@ def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
         for k, v in value.items():
             yield f"{where}.<key>", k
             yield from _strings(v, f"{where}.{k}")
-
-
-def boxed_answer(text: str) -> str | None:
-    """The content of the last non-empty `\\boxed{...}` in `text` (braces balanced, `\\{` `\\}` literal), stripped;
-    None when there is none. The last one: models often box an intermediate result before the final one, and a
-    nested box (`\\boxed{x = \\boxed{2}}`) gives the inner one."""
-    for match in reversed(list(_BOXED.finditer(text))):
-        depth, i = 1, match.end()
-        while i < len(text) and depth:
-            if text[i] == "\\":  # an escaped character (\{, \}, \\) never opens or closes the box
-                i += 2
-                continue
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        content = text[match.end() : i - 1].strip() if depth == 0 else ""
-        if content:
-            return content
-    return None
 
 
 def _item_id(item: dict[str, Any]) -> str | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from udfs.cot_text import extract_answer, parse_number
+from udfs.cot_text import boxed_answer, extract_answer, outside_code, parse_number
 from udfs.generate import Generation, generate
 from udfs.model_udf import model_udf, narrowed
 
@@ -32,12 +32,32 @@ def prompt_for(template: str, question: str) -> str:
     return template.replace("{question}", question.strip())
 
 
-def final_answer(text: str | None, indicators: Sequence[str]) -> str | None:
-    """The last number after the last indicator (else in the whole text), written plainly ("18.0" -> "18");
-    the text after the indicator when it holds no number; None when that is empty."""
+ANSWER_RULES = ("final", "last_number")
+
+
+def final_answer(text: str | None, indicators: Sequence[str], rule: str = "final") -> str | None:
+    """The chain's answer, written plainly ("18.0" -> "18"); None when the text is empty.
+
+    `last_number`: the last number after the last indicator (else in the whole text); the text after the indicator
+    when it holds no number. `final` (what chat and code models need, the same on plain prose): the last non-empty
+    `\\boxed{...}` when there is one; else `last_number` on the text outside fenced code blocks, so a "let's check
+    with Python" block and the ```output the model writes itself are not read as its answer; the whole text when
+    the prose holds no number and no indicator."""
+    if rule not in ANSWER_RULES:
+        raise ValueError(f"answer rule {rule!r}: expected one of {ANSWER_RULES}")
     if text is None:
         return None
-    tail = extract_answer(text, indicators)
+    if rule == "final":
+        boxed = boxed_answer(text)
+        if boxed is not None:
+            return _plain(boxed)
+        prose = outside_code(text)
+        if parse_number(prose) is not None or any(i in prose for i in indicators):
+            text = prose
+    return _plain(extract_answer(text, indicators))
+
+
+def _plain(tail: str) -> str | None:
     value = parse_number(tail)
     if value is None:
         return tail or None
@@ -72,22 +92,23 @@ DrawFn = Callable[[Sequence[str]], list[Drawn]]
 REPLACEMENT = "\ufffd"  # what decode writes for bytes that are not valid UTF-8
 
 
-def rows_of(drawn: Drawn, indicators: Sequence[str]) -> list[dict[str, Any]]:
+def rows_of(drawn: Drawn, indicators: Sequence[str], rule: str = "final") -> list[dict[str, Any]]:
     """The question's chains as rows: samples 0..k-1, then the greedy decode (sample_idx null, greedy true)."""
     def row(idx: int | None, g: Generation) -> dict[str, Any]:
         # A byte-level tokenizer's output cut by max_new_tokens inside a multi-byte character decodes to a trailing
         # U+FFFD: an artefact of the cut, not text. One left inside is the model's own (the job quarantines it).
         text = g.text.rstrip(REPLACEMENT)
-        return {"sample_idx": idx, "greedy": idx is None, "text": text, "answer": final_answer(text, indicators),
+        return {"sample_idx": idx, "greedy": idx is None, "text": text, "answer": final_answer(text, indicators, rule),
                 "n_tokens": g.n_tokens, "truncated": g.truncated}  # fmt: skip
 
     return [row(i, g) for i, g in enumerate(drawn.samples)] + [row(None, drawn.greedy)]
 
 
-def draw_frame(fn: DrawFn, prompts: Sequence[str], indicators: Sequence[str], on_error: str) -> pd.DataFrame:
+def draw_frame(fn: DrawFn, prompts: Sequence[str], indicators: Sequence[str], on_error: str,
+               rule: str = "final") -> pd.DataFrame:
     """A question's chains per prompt under the model-UDF error policy (udfs.model_udf)."""
     def call(idx: list[int]) -> list[list[dict[str, Any]]]:
-        return [rows_of(d, indicators) for d in fn([prompts[i] for i in idx])]  # a bad answer parse narrows too
+        return [rows_of(d, indicators, rule) for d in fn([prompts[i] for i in idx])]  # a bad answer parse narrows too
 
     chains, errors = narrowed(call, len(prompts), on_error, "chain sampling", lambda i: prompts[i], "prompts")
     out = [{"chains": c, "error": e} for c, e in zip(chains, errors, strict=True)]
@@ -112,7 +133,7 @@ def model_draw_factory(path: str, family: str, device: str = "auto", dtype: str 
     return factory
 
 
-def draw_udf(factory: Callable[[], DrawFn], indicators: Sequence[str], on_error: str = "fail"):
+def draw_udf(factory: Callable[[], DrawFn], indicators: Sequence[str], on_error: str = "fail", rule: str = "final"):
     """Iterator pandas UDF prompt -> struct(chains, error); build once and reuse."""
     wanted = list(indicators)
-    return model_udf("drawn", UDF_FIELDS, factory, lambda fn, prompts: draw_frame(fn, prompts, wanted, on_error), 1)
+    return model_udf("drawn", UDF_FIELDS, factory, lambda fn, prompts: draw_frame(fn, prompts, wanted, on_error, rule), 1)

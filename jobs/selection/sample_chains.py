@@ -7,9 +7,10 @@ Kojima et al. 2022): the paper does not publish its prompt, and zero-shot needs 
 GSM-8K exemplars live in another dataset and are not wired in here), k samples (`sample.k`, temperature, top_p,
 seed) and one greedy decode (do_sample=False) by `sample.model` (causal or seq2seq). With `sample.chat_template`
 an instruct model reads the question as a chat user turn and continues its own turn, opened with
-`sample.chat_opening`. Each chain row: chain_id, dataset, question_id, context (the question), chain, answer (last
-number after the last answer indicator), gold_answer, metadata {sample_idx, greedy, temperature, top_p, top_k,
-seed, model, n_tokens, truncated, chat_template}. The greedy row has greedy=true and no sample_idx: select_chains takes it as the
+`sample.chat_opening`. Each chain row: chain_id, dataset, question_id, context (the question), chain, answer
+(`sample.answer_rule`: the last `\\boxed{}`, else the last number after the last answer indicator, outside code
+blocks), gold_answer, metadata {sample_idx, greedy, temperature, top_p, top_k, seed, model, n_tokens, truncated,
+chat_template}. The greedy row has greedy=true and no sample_idx: select_chains takes it as the
 baseline and never as a candidate. Same settings, same chains (udfs/sampling.py).
 
 Quarantined (stage sample_chains): question rows without text or gold answer, questions whose generation
@@ -134,7 +135,7 @@ def transform(questions: DataFrame, cfg: SampleSettings, rt: RuntimeSettings, dr
             k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
             max_length=cfg.max_length, batch_size=cfg.batch_size, max_tokens=rt.generation_batch_tokens, top_k=cfg.top_k,
         )  # fmt: skip
-        draw = sampling.draw_udf(factory, cfg.answer_indicators, rt.on_row_error)
+        draw = sampling.draw_udf(factory, cfg.answer_indicators, rt.on_row_error, cfg.answer_rule)
     drawn = questions.withColumn("_d", draw(F.col("prompt")))
     drawn = hold(drawn) if hold is not None else drawn
     failed_q = drawn.where(F.col("_d.error").isNotNull()).select(

@@ -147,3 +147,15 @@ def test_prompts_are_the_official_ones():
 def test_pick_option_ties_go_to_first():
     assert cot_text.pick_option(["a", "b", "c"], [-2.0, -1.0, -1.0]) == 1
     assert cot_text.pick_option(["a"], [-5.0]) == 0
+
+
+@pytest.mark.parametrize(("text", "prose"), [
+    ("no code at all", "no code at all"),
+    ("a\n```python\nx = 1\n```\nb", "a\nb"),
+    ("a\n```python\nx = 1\n```\n```output\n1\n```\nb 2", "a\nb 2"),
+    ("a\n  ```\nindented fence\n  ```  \nb", "a\nb"),
+    ("a\n```python\nprint(x", "a\n"),  # cut inside a block: the rest is code
+    ("inline ```x``` is not a fence", "inline ```x``` is not a fence"),
+])  # fmt: skip
+def test_outside_code_drops_fenced_blocks(text, prose):
+    assert cot_text.outside_code(text) == prose

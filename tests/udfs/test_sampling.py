@@ -35,6 +35,40 @@ def test_final_answer_hand_derived():
     assert S.prompt_for("Q: {question}\nA:", "  How many?\n") == "Q: How many?\nA:"
 
 
+CODE_CHAIN = """1. She pays 3 * $3 = $9 for parking.
+2. So she makes $90 - $9 = $81, which is $81 / 18 = $4.5 per hour.
+
+Let's confirm this with Python code.
+```python
+pay = 6 * 15
+print(pay - 3 * 3)
+```
+```output
+81
+```
+"""
+
+
+def test_final_rule_reads_boxed_then_prose_outside_code():
+    ind = ["answer is", "A:"]
+    # Plain prose: both rules agree.
+    for text in ["3 + 4 = 7. So the answer is 7.", "2 + 2 = 4 and 4 * 3 = 12", "the answer is yes"]:
+        assert S.final_answer(text, ind, "final") == S.final_answer(text, ind, "last_number")
+    # A code block and the model's own ```output: the rule before reads the output block, `final` the prose.
+    assert S.final_answer(CODE_CHAIN, ind, "last_number") == "81"
+    assert S.final_answer(CODE_CHAIN, ind, "final") == "4.5"
+    # A block left open by the token limit runs to the end.
+    assert S.final_answer("So 5 + 7 = 12.\n```python\nx = 12 * 3\nprint(x", ind, "final") == "12"
+    # \\boxed{} wins over anything after it, nested braces kept, thousands separators read.
+    assert S.final_answer(CODE_CHAIN + "She makes \\(\\boxed{1,080}\\) dollars; 3 more.", ind, "final") == "1080"
+    assert S.final_answer("\\boxed{} then \\boxed{\\text{18}}", ind, "final") == "18"
+    # Only code: no number in the prose, so the whole text's last number (as before) rather than nothing.
+    assert S.final_answer("```python\nprint(6 * 7)\n```\n```output\n42\n```", ind, "final") == "42"
+    assert S.final_answer(None, ind, "final") is None
+    with pytest.raises(ValueError, match="answer rule"):
+        S.final_answer("1", ind, "first_number")
+
+
 @pytest.mark.parametrize("family", ["causal", "seq2seq"])
 def test_draw_seeded_and_greedy_is_plain_generate(tiny_models, family):
     torch.set_num_threads(1)
