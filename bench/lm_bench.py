@@ -35,7 +35,7 @@ EB_TEST = resolve_path(PerturbSettings().eb_task1_test)  # python -m jobs.infra.
 
 def eb_chains(limit: int) -> list[dict]:
     """EB test trees -> chains with steps, premises (fresh parent texts), conclusions and a_hat = hypothesis."""
-    from udfs import entailment_bank as eb
+    from jobs.metaeval import entailment_bank as eb
 
     out = []
     for cid, row in zip(eb.chain_ids(eb.load_jsonl(EB_TEST)), eb.load_jsonl(EB_TEST), strict=True):

@@ -27,10 +27,10 @@ sys.path.insert(0, str(ROOT))
 from jobs.infra.config import load_settings  # noqa: E402
 from jobs.infra.session import build_session  # noqa: E402
 from jobs.metaeval import localise  # noqa: E402
+from jobs.metaeval import localise_maths as L  # noqa: E402
 from schemas import chains as C  # noqa: E402
 from schemas import step_labels as SL  # noqa: E402
 from schemas import step_scores as SS  # noqa: E402
-from udfs import localise as L  # noqa: E402
 
 SUBSETS = ("gsm8k", "math")
 
@@ -100,7 +100,7 @@ def main() -> None:
         f"seeded step scores for 4 metrics; {len(out.evaluation.results)} result rows ({len({r['metric'] for r in out.evaluation.results})}"
         f" metrics incl. receval_rank_min x 2 subsets), bootstrap {args.resamples} resamples",
         f"- command: `.venv/bin/python bench/localise_bench.py --rounds {args.rounds} --resamples {args.resamples}`",
-        "", "| round | localise.run s | of which driver maths (udfs/localise.py) s |", "|---:|---:|---:|",
+        "", "| round | localise.run s | of which driver maths (jobs/metaeval/localise_maths.py) s |", "|---:|---:|---:|",
         *[f"| {i + 1} | {t:.1f} | {m:.1f} |" for i, (t, m) in enumerate(zip(times, maths, strict=True))], "",
         f"counts {out.counts}; F1 (synthetic scores) e.g. {({k: round(v, 3) for k, v in list(f1.items())[:2]})}", "",
     ]

@@ -26,7 +26,7 @@ from jobs.metaeval.settings import PerturbSettings  # noqa: E402
 
 
 def eb_chains(n: int):
-    from udfs import entailment_bank as eb
+    from jobs.metaeval import entailment_bank as eb
 
     rows = eb.load_jsonl(resolve_path(PerturbSettings().eb_task1_test))[:n]
     chains = []

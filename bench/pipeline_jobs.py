@@ -28,8 +28,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "jobs")]  # the fake stages the 
 # Functions timed and counted: (module, name); nested calls count in both (e.g. insert_new and _inserted).
 WATCHED = {
     "jobs.infra.tables": ["insert_new", "_inserted", "ensure", "append_quarantine", "version", "exists"],
-    "jobs.receval.pipeline": ["_ingest", "_run_chain_stage", "_curate", "_record_unscored", "_table_state",
-                              "_quarantine"],
+    "jobs.infra.lineage": ["table_state"],
+    "jobs.receval.pipeline": ["_ingest", "_run_chain_stage", "_curate", "_record_unscored", "_quarantine"],
     "jobs.receval.score": ["run"],
     "jobs.receval.ingest": ["run"],
     "jobs.receval.curate": ["run"],

@@ -2,10 +2,11 @@
 
     .venv/bin/python bench/rcu_bench.py [--set steps.roles=position ...] [--throughput] [--no-record]
 
-Agreement sets (each step scored by `udfs.rcu_agreement.agree`, then averaged over steps):
+Agreement sets (each step scored by `rcu_agreement.agree`, bench/rcu_agreement.py, then averaged over steps):
 - EntailmentBank task_1 dev and test: every tree rendered as the official code renders it ("P1 and P2, so C.",
-  `udfs.entailment_bank.render`) and given to the job as step texts; gold = the tree's own structure (premises =
-  the step's fresh parents, conclusion = the child; `entailment_bank.fresh_steps`). Needs `entailment_bank`.
+  `jobs.metaeval.entailment_bank.render`) and given to the job as step texts; gold = the tree's own structure
+  (premises = the step's fresh parents, conclusion = the child; `entailment_bank.fresh_steps`). Needs
+  `entailment_bank`.
 - natural: `bench/data/natural_rcus.jsonl`, 78 GSM-8K steps labelled by hand (`bench/data/README.md`), each
   given to the job as a one-step chain.
 - latex: `bench/data/latex_rcus.jsonl`, 74 ProcessBench paragraph steps with LaTeX (GSM8K and MATH), labelled by
@@ -31,14 +32,16 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
+import rcu_agreement as A  # noqa: E402
+
 from jobs.infra.config import Settings, load_settings, resolve_path  # noqa: E402
+from jobs.metaeval import entailment_bank as eb  # noqa: E402
 from jobs.receval import steps as J  # noqa: E402
 from schemas import chains as C  # noqa: E402
 from schemas import steps as S  # noqa: E402
-from udfs import entailment_bank as eb  # noqa: E402
-from udfs import rcu_agreement as A  # noqa: E402
 
 NATURAL = ROOT / "bench" / "data" / "natural_rcus.jsonl"
 LATEX = ROOT / "bench" / "data" / "latex_rcus.jsonl"

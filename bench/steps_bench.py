@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from jobs.infra.config import load_settings, resolve_path  # noqa: E402
+from jobs.metaeval import entailment_bank as eb  # noqa: E402
 from jobs.metaeval.settings import HumanLabelSettings  # noqa: E402
 from jobs.receval import steps as J  # noqa: E402
 from schemas import chains as C  # noqa: E402
-from udfs import entailment_bank as eb  # noqa: E402
 
 GSM8K = resolve_path(HumanLabelSettings().generated)  # python -m jobs.infra.data fetch roscoe_gsm8k
 

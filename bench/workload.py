@@ -58,7 +58,7 @@ def profiles() -> dict[str, Profile]:
     import sys
 
     sys.path.insert(0, str(ROOT))
-    from udfs import entailment_bank as eb
+    from jobs.metaeval import entailment_bank as eb
 
     vocab: set[str] = set()
     steps, context, words, premises = [], [], [], []

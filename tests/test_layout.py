@@ -1,5 +1,5 @@
-"""Project layout: model/text code (udfs/) and table contracts (schemas/) know no job; jobs/ is split by concern;
-the platform (jobs/infra) knows no room; no import cycle."""
+"""Project layout: model/text code (udfs/) and table contracts (schemas/) know no job; udfs/ holds only what Spark
+tasks run; jobs/ is split by concern; the platform (jobs/infra) knows no room; no import cycle."""
 
 from __future__ import annotations
 
@@ -15,6 +15,12 @@ from jobs.infra.config import PROJECT_ROOT
 SUBPACKAGES = ["infra", "receval", "metaeval", "cot", "training", "selection"]
 PACKAGES = ["jobs", "udfs", "schemas"]
 PLATFORM_MAY_IMPORT = ("jobs.infra", "schemas", "udfs")
+# The calls that hand a function to Spark's Python workers (pandas UDFs, the model-UDF contract, the grouped and
+# per-partition maps): a module that makes one runs code inside Spark tasks.
+TASK_CALLS = frozenset({"pandas_udf", "udf", "predict_batch_udf", "model_udf", "mapInPandas", "applyInPandas",
+                        "mapInArrow", "applyInArrow", "mapPartitions", "foreachPartition"})
+# Where the message looks for who imports a module of udfs/ that no task uses.
+IMPORTERS = ("jobs", "udfs", "schemas", "bench", "scripts")
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -89,6 +95,56 @@ def import_graph(root: Path, packages: list[str], skip: Iterable[tuple[str, str]
     }
 
 
+def _called_name(node: ast.expr) -> str | None:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def ships_work_to_tasks(path: Path) -> bool:
+    """True when a file calls one of TASK_CALLS (or decorates a function with one): part of it runs in tasks."""
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call) and _called_name(node.func) in TASK_CALLS:
+            return True
+        if isinstance(node, ast.FunctionDef) and any(_called_name(d) in TASK_CALLS for d in node.decorator_list):
+            return True
+    return False
+
+
+def driver_only_udfs(root: Path, packages: list[str] = PACKAGES, importers: Iterable[str] = IMPORTERS) -> list[str]:
+    """Every module of udfs/ that no Spark task runs, each with the imports (file:line) that use it, all on the
+    driver. A module runs in tasks when a module that ships work to tasks (ships_work_to_tasks: the UDF builders of
+    udfs/, the jobs whose pandas UDFs and maps call udfs/) imports it, or a udfs/ module that runs in tasks does,
+    counting imports inside functions. Granularity is the module: a job that ships work to tasks vouches for every
+    udfs/ module it imports."""
+    modules = module_files(root, packages)
+    graph = import_graph(root, packages)
+
+    def in_udfs(name: str) -> bool:
+        return name.startswith("udfs.")
+
+    todo = [m for name, path in modules.items() if ships_work_to_tasks(path) for m in [name, *graph[name]]
+            if in_udfs(m)]
+    in_tasks: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name not in in_tasks:
+            in_tasks.add(name)
+            todo += [m for m in graph[name] if in_udfs(m)]
+    offenders = []
+    for name, path in modules.items():
+        if not in_udfs(name) or name in in_tasks:
+            continue
+        users = dict.fromkeys(  # `from m import a, b` is one import
+            f"{user.relative_to(root)}:{line}"
+            for folder in importers if (root / folder).is_dir()
+            for user in sorted((root / folder).rglob("*.py"))
+            for line, module in project_imports(user, modules) if module == name
+        )
+        offenders.append(f"{path.relative_to(root)} runs in no Spark task: "
+                         + (f"imported on the driver only, by {', '.join(users)}" if users
+                            else f"no module of {', '.join(importers)} imports it"))
+    return offenders
+
+
 def jobs_imports(folder: Path) -> list[str]:
     return [
         f"{path.relative_to(PROJECT_ROOT)}:{line} imports {module}"
@@ -106,6 +162,39 @@ def test_no_module_under_udfs_or_schemas_imports_jobs(folder):
 def test_the_check_sees_an_import_inside_a_function(tmp_path):
     (tmp_path / "m.py").write_text("def f():\n    from jobs.receval.ingest import validate\n    import jobs\n")
     assert [m for _, m in imported_modules(tmp_path / "m.py")] == ["jobs.receval.ingest", "jobs"]
+
+
+def test_every_module_under_udfs_runs_in_spark_tasks():
+    # udfs/ is the code Spark's Python workers run: model maths and text processing behind the pandas UDFs and the
+    # mapInPandas / applyInPandas functions. A dataset adapter or a statistic computed on the driver belongs to
+    # the room that uses it (jobs/metaeval/entailment_bank.py, jobs/metaeval/somers.py), a benchmark's helper to
+    # bench/.
+    offenders = driver_only_udfs(PROJECT_ROOT)
+    assert offenders == [], "move driver-only code to the room that uses it:\n" + "\n".join(offenders)
+
+
+def test_the_udfs_check_names_the_driver_import_and_the_unused_module(tmp_path):
+    files = {
+        "jobs/__init__.py": "",
+        "jobs/room/__init__.py": "",
+        # ships a function to tasks: what it imports from udfs/ runs there
+        "jobs/room/job.py": "from udfs import shipped\n\ndef run(df):\n    return df.mapInPandas(shipped.f, 'x int')\n",
+        "jobs/room/load.py": "import json\n\ndef rows():\n    from udfs.adapter import records\n",
+        "udfs/__init__.py": "",
+        "udfs/shipped.py": "def f(batches):\n    from udfs import helper\n    yield from batches\n",
+        "udfs/helper.py": "",
+        "udfs/builder.py": "from pyspark.sql import functions as F\n\n@F.udf('double')\ndef g(x):\n    return x\n",
+        "udfs/bare.py": "from pyspark.sql.functions import udf\n\n@udf\ndef h(x):\n    return x\n",
+        "udfs/adapter.py": "",
+        "udfs/orphan.py": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert driver_only_udfs(tmp_path, ["jobs", "udfs"], ["jobs", "udfs"]) == [
+        "udfs/adapter.py runs in no Spark task: imported on the driver only, by jobs/room/load.py:4",
+        "udfs/orphan.py runs in no Spark task: no module of jobs, udfs imports it",
+    ]
 
 
 def test_the_platform_imports_no_room():

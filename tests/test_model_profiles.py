@@ -141,13 +141,13 @@ def test_random_models_note_only_for_the_tiny_random_nli():
 
 
 def test_pipeline_summary_names_the_models_and_warns_about_random_ones(capsys):
-    from jobs.receval import pipeline
+    from jobs.receval.night_summary import Summary, print_summary
 
     settings = load_settings(overrides=["mlflow.enabled=false"], environ={})
-    pipeline.print_summary(pipeline.Summary(run_id="r", config_hash="h"), settings)
+    print_summary(Summary(run_id="r", config_hash="h"), settings)
     out = capsys.readouterr().out
     assert "models: offline (NLI models/tiny-nli)" in out and "RANDOM" in out and "make models" in out
     small = load_settings(overrides=["mlflow.enabled=false", "models.profile=small"], environ={})
-    pipeline.print_summary(pipeline.Summary(run_id="r", config_hash="h"), small)
+    print_summary(Summary(run_id="r", config_hash="h"), small)
     out = capsys.readouterr().out
     assert "models: small (NLI models/nli-small)" in out and "RANDOM" not in out

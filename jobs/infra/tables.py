@@ -300,21 +300,20 @@ def merge_columns(
     schema: StructType,
     keys: Sequence[str],
     columns: Sequence[str],
-) -> None:
+) -> int:
     """Upsert only `columns` for rows keyed by `keys`, leaving the table's other columns as they are.
 
     Lets stages that score the same rows (NLI columns, PVI columns of `step_scores`) write independently
-    and idempotently: a rerun rewrites the same values.
+    and idempotently: a rerun rewrites the same values. Returns the rows inserted (new keys).
     """
     table = ensure(spark, path, schema)
     source = df.select(*keys, *columns)
     condition = merge_condition(keys)
     assignments = {f"`{c}`": f"s.`{c}`" for c in columns}
     inserts = {f"`{c}`": f"s.`{c}`" for c in [*keys, *columns]}
-    (
+    return _inserted(
         table.alias("t")
         .merge(source.alias("s"), condition)
         .whenMatchedUpdate(set=assignments)
         .whenNotMatchedInsert(values=inserts)
-        .execute()
     )

@@ -28,10 +28,10 @@ from jobs.infra import tables
 from jobs.infra.config import Settings, dataset_file
 from jobs.infra.stage import Job, Stage
 from jobs.metaeval.settings import HumanLabelSettings
+from jobs.metaeval.step_labels import earliest_error, first_error_rows, label_row
 from schemas import chains as C
 from schemas import step_labels as SL
 from schemas.chains import content_hash
-from udfs.step_labels import earliest_error, first_error_rows, label_row
 
 log = logging.getLogger(__spec__.name)
 

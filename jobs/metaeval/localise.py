@@ -7,8 +7,9 @@ scores rank-normalised over the calibration subset), the F1-best threshold on th
 earliest error is the first step scoring below it, else -1. Reported per subset: ProcessBench's acc_error,
 acc_correct and F1 (equal to the official run_eval.py on the predictions written beside them), the per-step
 AUROC of "earliest error" vs "a step before it" with a chain-bootstrap CI, and the worst step's hit rate beside
-a random step's. The join and the per-chain step collection run in Spark; the per-metric maths (udfs/localise.py)
-runs on the driver over the collected per-chain arrays (~10k steps for ProcessBench's two subsets).
+a random step's. The join and the per-chain step collection run in Spark; the per-metric maths
+(jobs/metaeval/localise_maths.py) runs on the driver over the collected per-chain arrays (~10k steps for
+ProcessBench's two subsets).
 
 Chains whose labels cannot be used go to `quarantine` (stage localise) with a reason; read = evaluated + not
 scored under the config hash + quarantined.
@@ -30,6 +31,7 @@ from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, 
 from jobs.infra import tables
 from jobs.infra.config import Settings
 from jobs.infra.stage import Job, Stage
+from jobs.metaeval import localise_maths as L
 from jobs.metaeval.meta_eval import melt
 from jobs.metaeval.settings import LocaliseSettings
 from schemas import chains as C
@@ -37,7 +39,6 @@ from schemas import localisation as LO
 from schemas import metrics as MR
 from schemas import step_labels as SL
 from schemas import step_scores as SS
-from udfs import localise as L
 
 log = logging.getLogger(__spec__.name)
 
@@ -140,7 +141,8 @@ class Evaluation:
 
 def with_combination(items: list[Item], members: Sequence[str], calibration: str) -> list[str]:
     """Add `receval_rank_min` to every item's scores: each member rank-normalised by its calibration-subset
-    steps (udfs.localise.rank_normaliser), then the per-step min. Returns the members used (those scored there)."""
+    steps (localise_maths.rank_normaliser), then the per-step min. Returns the members used (those scored
+    there)."""
     used = []
     normalisers = {}
     for m in members:

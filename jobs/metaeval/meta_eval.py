@@ -24,6 +24,7 @@ from jobs.infra import tables
 from jobs.infra.config import Settings
 from jobs.infra.progress import Progress
 from jobs.infra.stage import Job, Stage
+from jobs.metaeval import somers
 from jobs.metaeval.settings import MetaEvalSettings
 from schemas import baseline_scores as B
 from schemas import chain_scores as CS
@@ -31,7 +32,6 @@ from schemas import chains as C
 from schemas import meta_eval as M
 from schemas import metrics as MR
 from schemas import step_labels as SL
-from udfs import somers
 
 GROUP_KEYS = [M.DATASET, M.LABEL, M.METRIC]
 KEYS = [*GROUP_KEYS, M.CONFIG_HASH]

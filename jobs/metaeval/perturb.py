@@ -3,7 +3,7 @@
 Semantics follow the official `perturb_EB.py` (docs/design/RECEVAL.md "Meta-evaluation"): keep trees with at least
 `min_steps` steps, perturb one step whose child is an intermediate node (never the final, hypothesis step):
 HALL  its conclusion becomes a task_2 distractor sentence that is not in the tree;
-NEG   its conclusion is negated (udfs.negation, spaCy rules);
+NEG   its conclusion is negated (jobs.metaeval.negation, spaCy rules);
 SWAP  one of its parents and its child trade places; later references to the child point to that parent;
 REP   it concludes a copy node, and a new step "so <child>." follows;
 PAR   the same with a paraphrase of the child (models.paraphrase: a seq2seq model, or a causal chat model);
@@ -34,10 +34,10 @@ from jobs.infra import tables
 from jobs.infra.config import Settings, resolve_path
 from jobs.infra.progress import Progress
 from jobs.infra.stage import Job, Stage
+from jobs.metaeval import entailment_bank as EB
+from jobs.metaeval.entailment_bank import ProofStep
 from jobs.metaeval.settings import PerturbSettings
 from schemas import chains as C
-from udfs import entailment_bank as EB
-from udfs.entailment_bank import ProofStep
 
 log = logging.getLogger(__spec__.name)
 
@@ -308,7 +308,7 @@ def resources(settings: Settings, kinds: Sequence[str]) -> tuple[Resources, dict
     if "NEG" in kinds:
         import spacy
 
-        from udfs.negation import negate as negate_text
+        from jobs.metaeval.negation import negate as negate_text
 
         # The lemmatizer stays in: do-support needs the verb's lemma ("produces" -> "does not produce").
         nlp = spacy.load(settings.models.spacy, exclude=["ner"])

@@ -1,12 +1,12 @@
 """ProcessBench subset files (the `processbench` dataset) -> `chains` and `step_labels`; bad items -> `quarantine`.
 
-Each item of `<processbench.path>/<subset>.json` becomes the chain `processbench_<subset>:<id>` (udfs/processbench.py:
-steps as given, the problem as context, the last step's `\\boxed` answer, labels `first_error_index` and
-`final_answer_correct`) with its `first_error` step labels, or one `quarantine` row (stage `processbench`) with the
-reason; a file that is not a JSON list is one quarantined row. Insert-only: chains by chain_id, step labels by
-(chain_id, step_idx, label), so a rerun adds nothing; an id already in `chains` with other content is quarantined
-(`chain_id_conflict`), never overwritten. Counts reconcile: read = inserted + already_present + quarantined, where
-read counts the items and each file that gave none.
+Each item of `<processbench.path>/<subset>.json` becomes the chain `processbench_<subset>:<id>`
+(jobs/metaeval/processbench_items.py: steps as given, the problem as context, the last step's `\\boxed` answer,
+labels `first_error_index` and `final_answer_correct`) with its `first_error` step labels, or one `quarantine` row
+(stage `processbench`) with the reason; a file that is not a JSON list is one quarantined row. Insert-only: chains
+by chain_id, step labels by (chain_id, step_idx, label), so a rerun adds nothing; an id already in `chains` with
+other content is quarantined (`chain_id_conflict`), never overwritten. Counts reconcile: read = inserted +
+already_present + quarantined, where read counts the items and each file that gave none.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from pyspark.sql import functions as F
 from jobs.infra import tables
 from jobs.infra.config import Settings, resolve_path
 from jobs.infra.stage import Job, Stage
+from jobs.metaeval import processbench_items as P
 from jobs.metaeval.settings import ProcessBenchSettings
 from schemas import chains as C
 from schemas import quarantine as Q
 from schemas import step_labels as SL
-from udfs import processbench as P
 from udfs.home import command
 
 log = logging.getLogger(__spec__.name)

@@ -30,11 +30,10 @@ from pyspark.sql import functions as F
 
 from jobs.infra import tables
 from jobs.infra.config import Settings, load_settings
-from jobs.receval import aggregate, ingest, score
+from jobs.receval import aggregate, ingest, score, scores_table
 from jobs.receval import steps as steps_job
 from schemas import chain_scores as CS
 from schemas import chains as C
-from schemas import step_scores as SS
 from schemas import steps as ST
 
 Overrides = Sequence[str] | Mapping[str, Any]
@@ -165,8 +164,7 @@ def _write_and_track(result: Scores, contexts: DataFrame, write: bool, track: bo
                                        [ST.CHAIN_ID, ST.CONFIG_HASH, ST.STEP_IDX]),
             "contexts": tables.insert_new(spark, contexts, settings.table("contexts"), ST.CONTEXTS_SCHEMA,
                                           [ST.CHAIN_ID, ST.CONFIG_HASH]),
-            "step_scores": tables.insert_new(spark, result.step_scores, settings.table("step_scores"), SS.SCHEMA,
-                                             score.KEYS),
+            "step_scores": scores_table.write(spark, settings, result.step_scores),
             "chain_scores": tables.insert_new(spark, result.chain_scores, settings.table("chain_scores"),
                                               CS.SCHEMA, [CS.CHAIN_ID, CS.CONFIG_HASH]),
         }

@@ -121,7 +121,8 @@ def rules(cfg: CurationSettings, bounds: dict[str, float | None] | None = None) 
 def step_flags(step_scores: DataFrame, thresholds: dict[str, float]) -> DataFrame:
     """step_scores rows (one config hash) -> (chain_id, first_flagged_step, first_flagged_metric): the first step
     scoring strictly below the threshold of any metric in `thresholds` (-1 and null when none is), as
-    jobs.metaeval.localise predicts the earliest error. A null score flags nothing (udfs.localise.predicted_error).
+    jobs.metaeval.localise predicts the earliest error. A null score flags nothing
+    (jobs.metaeval.localise_maths.predicted_error).
     Spark-native: one aggregation, the earliest flagged (step, metric) as the min of a struct."""
     known = [m.name for m in MR.ranked_step_scores()]
     unknown = sorted(set(thresholds) - set(known))

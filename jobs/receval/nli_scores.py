@@ -21,6 +21,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from jobs.infra import tables
 from jobs.infra.config import ModelRef, RuntimeSettings, Settings
 from jobs.infra.stage import Job, Stage
+from jobs.receval import scores_table
 from jobs.receval.settings import NliSettings
 from schemas import step_scores as SS
 from schemas import steps as S
@@ -297,14 +298,8 @@ def run(
         bad = result.where(F.col(ERROR).isNotNull())
         counts["steps_scored"] = good.count()
         counts["steps_quarantined"] = bad.count()
-        tables.merge_columns(
-            spark,
-            good,
-            settings.table("step_scores"),
-            SS.SCHEMA,
-            keys=[SS.CHAIN_ID, SS.STEP_IDX, SS.CONFIG_HASH],
-            columns=[*NLI_COLUMNS, SS.NLI_MODEL, SS.NLI_REVISION],
-        )
+        # Its own group of columns: a row the PVI job (or the pipeline) wrote keeps theirs.
+        scores_table.write(spark, settings, good, [*NLI_COLUMNS, SS.NLI_MODEL, SS.NLI_REVISION])
         if counts["steps_quarantined"]:
             rows = tables.quarantine_rows(
                 bad,

@@ -10,31 +10,29 @@ missing work and ends with the rows a clean run writes. One MLflow parent run, o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.infra import claim, maintain, tables
+from jobs.infra import claim, lineage, maintain, tables
 from jobs.infra.config import Settings, resolve_path
 from jobs.infra.maintain import RUN_METADATA
 from jobs.infra.progress import Progress, bar_wanted
 from jobs.infra.session import session_confs
 from jobs.infra.stage import Job, Stage, table_lines
-from jobs.infra.tracking import JobRun, tracking_uri
-from jobs.receval import aggregate, curate, ingest, score
+from jobs.infra.tracking import JobRun
+from jobs.receval import aggregate, curate, ingest, input_files, score
 from jobs.receval import steps as steps_job
+from jobs.receval.night_summary import StageReport, Summary, label_scores, log_summary, print_summary
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import pipeline as P
@@ -42,20 +40,23 @@ from schemas import quarantine as Q
 from schemas import step_scores as SS
 from schemas import steps as ST
 
-StepsFn = Callable[[DataFrame, Settings], tuple[DataFrame, DataFrame, DataFrame]]
+# The steps transform gets the batch's holder: what it persists is released once the batch is written.
+StepsFn = Callable[[DataFrame, Settings, tables.Held], tuple[DataFrame, DataFrame, DataFrame]]
 ScoreFn = Callable[[DataFrame, DataFrame, Settings], DataFrame]
 AggregateFn = Callable[[DataFrame, Settings], DataFrame]
 
-# Tables that hold rows per config hash: what `pipeline.rescore` clears for the current hash.
 log = logging.getLogger(__spec__.name)
 
+# Tables that hold rows per config hash: what `pipeline.rescore` clears for the current hash.
 HASHED_TABLES = ["steps", "contexts", "step_scores", "chain_scores", "unscored", "curation", "curated", "rejected"]
 ALL_TABLES = ["chains", "quarantine", "input_files", *HASHED_TABLES]
 
 
-# -- the stage functions (tests inject fakes in their place) ----------------------------------------------
-def _steps(chains: DataFrame, settings: Settings) -> tuple[DataFrame, DataFrame, DataFrame]:
-    return steps_job.transform(chains, settings.steps, settings.models, settings.runtime, settings.scoring_hash())
+# -- the stage functions: the defaults of Transforms ---------------------------------------------------------
+def _steps(chains: DataFrame, settings: Settings, hold: tables.Held) -> tuple[DataFrame, DataFrame, DataFrame]:
+    # The three outputs share one spaCy pass, which `hold` keeps until the batch is written.
+    s = settings
+    return steps_job.transform(chains, s.steps, s.models, s.runtime, s.scoring_hash(), hold)
 
 
 def _aggregate(step_scores: DataFrame, settings: Settings) -> DataFrame:
@@ -64,7 +65,8 @@ def _aggregate(step_scores: DataFrame, settings: Settings) -> DataFrame:
 
 @dataclass(frozen=True)
 class Transforms:
-    """The pure transforms the stages call; tests inject fakes. None: the project's own (score.py's for NLI/PVI)."""
+    """The pure transforms the stages call, given to `run` and `main` as `transforms` (tests pass fakes there).
+    None: the project's own (score.py's for NLI/PVI)."""
 
     steps: StepsFn = _steps
     nli: ScoreFn | None = None
@@ -98,13 +100,7 @@ def _steps_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
     chains = ctx.read("chains", C.SCHEMA).join(ids, C.CHAIN_ID, "left_semi")
     # The batch's frames are released when it is committed (or fails): nothing piles up over a night.
     with tables.Held() as hold:
-        if ctx.transforms.steps is _steps:
-            # The three outputs share one spaCy pass.
-            s = ctx.settings
-            steps, contexts, bad = steps_job.transform(chains, s.steps, s.models, s.runtime, ctx.config_hash, hold)
-        else:
-            steps, contexts, bad = ctx.transforms.steps(chains, ctx.settings)
-            steps, contexts = hold(steps), hold(contexts)
+        steps, contexts, bad = ctx.transforms.steps(chains, ctx.settings, hold)
         return _write_steps(ctx, steps, contexts, bad)
 
 
@@ -215,107 +211,11 @@ def _record_unscored(ctx: Context, stage: ChainStage, ids: DataFrame) -> int:
     return tables.insert_new(ctx.spark, rows, ctx.table("unscored"), P.UNSCORED_SCHEMA, P.UNSCORED_KEYS)
 
 
-# -- reporting -----------------------------------------------------------------------------------------
-@dataclass
-class StageReport:
-    name: str
-    chains: int = 0
-    seconds: float = 0.0
-    counts: dict[str, float] = field(default_factory=dict)
-    skipped: bool = False
-
-    @property
-    def rate(self) -> float:
-        return self.chains / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass
-class Summary:
-    run_id: str
-    config_hash: str
-    stages: list[StageReport] = field(default_factory=list)
-    rows_before: dict[str, int] = field(default_factory=dict)
-    rows_after: dict[str, int] = field(default_factory=dict)
-    versions_before: dict[str, int | None] = field(default_factory=dict)
-    versions_after: dict[str, int | None] = field(default_factory=dict)
-    curation: curate.CurationResult | None = None
-    report_html: str | None = None
-    report_file: str | None = None
-    mlflow_run_id: str | None = None
-    # Mean chain scores of the chains this run scored, per dataset and label (aggregate.by_label rows).
-    label_scores: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def slowest(self) -> StageReport | None:
-        ran = [s for s in self.stages if not s.skipped]
-        return max(ran, key=lambda s: s.seconds) if ran else None
-
-    @property
-    def pass_rate(self) -> float | None:
-        return self.curation.pass_rates.get("all") if self.curation is not None else None
-
-
-def _table_state(
-    spark: SparkSession, settings: Settings, before: tuple[dict[str, int], dict[str, int | None]] | None = None
-) -> tuple[dict[str, int], dict[str, int | None]]:
-    """Rows and Delta version of every table. A table still at its version in `before` has its rows from there:
-    a version fixes a table's content, and each count is a Spark job (a night that changes nothing counts none)."""
-    rows, versions = {}, {}
-    for name in ALL_TABLES:
-        path = settings.table(name)
-        versions[name] = tables.version(spark, path)
-        if before is not None and versions[name] == before[1].get(name):
-            rows[name] = before[0][name]
-        else:
-            rows[name] = tables.read(spark, path).count() if versions[name] is not None else 0
-    return rows, versions
-
-
 # -- ingest with input-file bookkeeping ----------------------------------------------------------------
-def ingest_hash(settings: Settings) -> str:
-    """Hash of every ingest setting that shapes the rows read: the whole ingest section but `input` (so a setting
-    added to it later is covered too). Part of each input file's fingerprint: a fixed mapping reads a file again."""
-    keyed = settings.ingest.model_dump(mode="json", exclude={"input"})
-    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def input_fingerprints(settings: Settings) -> list[tuple[str, int, int, str]]:
-    """(path, size, mtime_ns, ingest_hash) of every input file; a Delta input table by its latest log entry, a
-    datasets folder by its files' total size and latest change. The OpenAI batch input file counts as an input
-    too: a new one changes the chains of the same output file."""
-    paths = ingest.ingest_files(settings.ingest)
-    if settings.ingest.batch_input:
-        paths += ingest.input_files(settings.ingest.batch_input)
-    out = []
-    shaped = ingest_hash(settings)
-    for path in paths:
-        p = Path(path)
-        if (p / "_delta_log").is_dir():
-            logs = sorted((p / "_delta_log").glob("*.json"))
-            last = logs[-1] if logs else p / "_delta_log"
-            out.append((str(p), int(last.stem) if logs else -1, last.stat().st_mtime_ns, shaped))
-        elif p.is_dir():
-            stats = [f.stat() for f in p.rglob("*") if f.is_file()]
-            size, mtime = sum(st.st_size for st in stats), max((st.st_mtime_ns for st in stats), default=0)
-            out.append((str(p), size, mtime, shaped))
-        else:
-            st = p.stat()
-            out.append((str(p), st.st_size, st.st_mtime_ns, shaped))
-    return out
-
-
-def seen_fingerprints(spark: SparkSession, path: str) -> set[tuple[str, int, int, str | None]]:
-    """The fingerprints in `input_files`; a table recorded before ingest_hash existed has none (null): its files
-    are read once more under the current settings (ingest is idempotent) and recorded with their hash."""
-    seen = tables.read(spark, path, P.INPUT_FILES_SCHEMA)
-    shaped = F.col(P.INGEST_HASH) if P.INGEST_HASH in seen.columns else F.lit(None).cast("string")
-    return {(r[0], r[1], r[2], r[3]) for r in seen.select(P.PATH, P.SIZE, P.MODIFIED_NS, shaped).collect()}
-
-
 def _ingest(ctx: Context, report: StageReport, tracked: JobRun | None = None) -> None:
-    files = input_fingerprints(ctx.settings)
+    files = input_files.input_fingerprints(ctx.settings)
     seen_path = ctx.table("input_files")
-    seen = seen_fingerprints(ctx.spark, seen_path)
+    seen = input_files.seen_fingerprints(ctx.spark, seen_path)
     new = [f for f in files if f not in seen]
     report.counts["input_files"] = len(files)
     report.counts["new_input_files"] = len(new)
@@ -336,11 +236,7 @@ def _ingest(ctx: Context, report: StageReport, tracked: JobRun | None = None) ->
             tracked.log_metrics({**report.counts, **{f"quarantined_{k}": v for k, v in by_reason.items()}})
         raise
     # Recorded only after ingest committed: a run killed inside ingest reads the files again.
-    rows = ctx.spark.createDataFrame(
-        [(path, size, mtime, ctx.run_id, shaped) for path, size, mtime, shaped in new],
-        "path string, size long, modified_ns long, run_id string, ingest_hash string",
-    ).withColumn(P.SEEN_AT, F.current_timestamp())
-    tables.insert_new(ctx.spark, rows, seen_path, P.INPUT_FILES_SCHEMA, P.INPUT_FILES_KEYS)
+    input_files.record(ctx.spark, seen_path, new, ctx.run_id)
     log.info(
         f"[pipeline] ingest: read={counts.get('read')} new chains={counts.get('inserted')} "
         f"already present={counts.get('already_present')} quarantined={counts.get('quarantined')}"
@@ -398,10 +294,6 @@ def rescore(ctx: Context) -> dict[str, int]:
     return deleted
 
 
-def _versions(spark: SparkSession, settings: Settings, names: tuple[str, ...]) -> dict[str, int | None]:
-    return {n: tables.version(spark, settings.table(n)) for n in names}
-
-
 def run(
     spark: SparkSession,
     settings: Settings,
@@ -426,7 +318,7 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
     spark, settings = ctx.spark, ctx.settings
     run_started = time.time()
     summary = Summary(run_id=ctx.run_id, config_hash=ctx.config_hash)
-    summary.rows_before, summary.versions_before = _table_state(spark, settings)
+    summary.rows_before, summary.versions_before = lineage.table_state(spark, settings, ALL_TABLES)
     wanted = settings.pipeline.stages
     log.info(f"[pipeline] config hash {ctx.config_hash}, run {ctx.run_id}, lake {resolve_path(settings.paths.lake)}")
     if settings.pipeline.rescore:
@@ -439,43 +331,30 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
     plan = [(stage.name, stage.inputs(settings), stage.outputs(settings), bodies[stage.name])
             for stage in PARTS if stage.name in wanted]
 
-    for table, v in summary.versions_before.items():
-        tracked.log_table(table, settings.table(table), v, "input")
+    lineage.log_versions(settings, tracked, summary.versions_before, "input")
     for name, inputs, outputs, body in plan:
         claim.check_held(settings)
         report = StageReport(name)
         child = tracked.child(name)
         child.set_tags({"config_hash": ctx.config_hash, "pipeline_run": ctx.run_id})
-        in_versions = _versions(spark, settings, inputs)
-        for table, v in in_versions.items():
-            child.log_table(table, settings.table(table), v, "input")
-        out_before = _versions(spark, settings, outputs)
-        started = time.time()
-        body(report, child)
-        report.seconds = time.time() - started
-        out_after = _versions(spark, settings, outputs)
+        with lineage.recorded(spark, settings, child, inputs, outputs):
+            started = time.time()
+            body(report, child)
+            report.seconds = time.time() - started
         summary.stages.append(report)
         child.log_metrics({**report.counts, "chains": report.chains, "seconds": report.seconds, "chains_per_s": report.rate})
-        child.set_tags({f"input_version.{k}": v for k, v in in_versions.items()})
-        child.set_tags({f"output_version_before.{k}": v for k, v in out_before.items()})
-        child.set_tags({f"output_version_after.{k}": v for k, v in out_after.items()})
         child.set_tags({"skipped": report.skipped})
-        for table, v in out_after.items():
-            if v != out_before.get(table):
-                child.log_table(table, settings.table(table), v, "output")
         if name == "curate" and summary.curation is not None:
             curate.log_curation(summary.curation, child)
         child.end("FINISHED")
         log.info(f"[pipeline] {name}: done in {report.seconds:.1f} s")
 
-    summary.rows_after, summary.versions_after = _table_state(
-        spark, settings, (summary.rows_before, summary.versions_before))
+    summary.rows_after, summary.versions_after = lineage.table_state(
+        spark, settings, ALL_TABLES, (summary.rows_before, summary.versions_before))
     if "aggregate" in wanted:
-        summary.label_scores = _label_scores(ctx, run_started)
+        summary.label_scores = label_scores(spark, settings, ctx.config_hash, run_started)
         tracked.log_text("summary/scores_by_label.json", json.dumps(summary.label_scores, indent=1))
-    for table, v in summary.versions_after.items():
-        if v != summary.versions_before.get(table):
-            tracked.log_table(table, settings.table(table), v, "output")
+    lineage.log_versions(settings, tracked, summary.versions_after, "output", since=summary.versions_before)
     if "report" in wanted:
         from jobs.receval import report as report_mod
         started = time.time()
@@ -485,23 +364,11 @@ def _run(ctx: Context, tracked: JobRun) -> Summary:
         summary.report_file = report_mod.save(settings, ctx.run_id, summary.report_html)
         log.info(f"[pipeline] report: {summary.report_file}")
         summary.stages.append(StageReport("report", seconds=time.time() - started))
-    _log_summary(summary, tracked)
+    log_summary(summary, tracked)
     maintained = maintain.night_done(spark, settings)
     if maintained:
         tracked.log_metrics({f"maintain.files_after.{k}": v["files_after"] for k, v in maintained.items()})
     return summary
-
-
-def _label_scores(ctx: Context, since: float) -> list[dict[str, Any]]:
-    """aggregate.by_label over the chain scores of the current config hash written since `since` (this run)."""
-    spark, settings = ctx.spark, ctx.settings
-    if not tables.exists(spark, settings.table("chain_scores")):
-        return []
-    scores = tables.read(spark, settings.table("chain_scores")).where(
-        (F.col(CS.CONFIG_HASH) == ctx.config_hash)
-        & (F.col(CS.SCORED_AT) >= F.lit(datetime.fromtimestamp(since, timezone.utc))))
-    rows = aggregate.by_label(scores, tables.read(spark, settings.table("chains"))).collect()
-    return [r.asDict() for r in rows]
 
 
 def _curate(ctx: Context, report: StageReport, summary: Summary) -> None:
@@ -515,106 +382,6 @@ def _curate(ctx: Context, report: StageReport, summary: Summary) -> None:
         f"[pipeline] curate: {result.counts['batch']} chains, passed {result.counts['run_passed']}, "
         f"failed {result.counts['run_failed']}"
     )
-
-
-def _log_summary(summary: Summary, tracked: JobRun) -> None:
-    for name in ALL_TABLES:
-        tracked.log_metrics(
-            {f"rows.{name}": summary.rows_after.get(name, 0), f"new_rows.{name}": summary.rows_after.get(name, 0)
-             - summary.rows_before.get(name, 0)}
-        )
-        tracked.set_tags(
-            {f"version_before.{name}": summary.versions_before.get(name),
-             f"version_after.{name}": summary.versions_after.get(name)}
-        )
-    for s in summary.stages:
-        tracked.log_metrics({f"stage_seconds.{s.name}": s.seconds})
-    if summary.pass_rate is not None:
-        tracked.log_metrics({"pass_rate": summary.pass_rate})
-    if summary.slowest is not None:
-        tracked.set_tags({"slowest_stage": summary.slowest.name})
-    tracked.set_tags({"config_hash": summary.config_hash})
-
-
-def mlflow_location(settings: Settings, run_id: str | None) -> str:
-    uri = tracking_uri(settings)
-    if not run_id:
-        return f"(not logged) tracking store {uri}"
-    if uri.startswith("http"):
-        try:
-            from mlflow.tracking import MlflowClient
-
-            exp = MlflowClient(uri).get_run(run_id).info.experiment_id
-            return f"{uri.rstrip('/')}/#/experiments/{exp}/runs/{run_id}"
-        except Exception:  # the id is still useful when the server cannot be asked
-            return f"run {run_id} at {uri}"
-    return f"run {run_id} in {uri} (browse: mlflow ui --backend-store-uri {uri})"
-
-
-def label_scores_table(rows: list[dict[str, Any]]):
-    """The summary's "Scores by label" table: mean chain scores of this run's chains per dataset and label."""
-    from rich.table import Table
-
-    from jobs.receval.aggregate import label_score_cols
-
-    cols = label_score_cols()
-    # The explanation is the caption: with every score a column, a long title would wrap inside its own words.
-    t = Table(title="Scores by label", caption="chains scored by this run; mean of each chain's min over steps; "
-                    "label value 1 = no error, 0 = error")  # fmt: skip
-    for col in ("dataset", "label", "value", "chains", *cols):
-        if col in ("dataset", "label"):  # names are never cut; the score columns' headers fold instead
-            widest = max([len(col), *(len(str(r[col])) for r in rows)])
-            t.add_column(col, justify="left", no_wrap=True, min_width=widest)
-        else:
-            t.add_column(col, justify="right", overflow="fold")
-    for r in rows:
-        means = ["-" if r[c] is None else f"{r[c]:.3f}" for c in cols]
-        value = "" if r["value"] is None else f"{r['value']:g}"
-        t.add_row(str(r["dataset"]), r["label"], value, str(r["chains"]), *means)
-    return t
-
-
-def print_summary(summary: Summary, settings: Settings) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=120)
-    t = Table(title=f"Nightly pipeline summary (config hash {summary.config_hash})")
-    for col in ("table", "rows", "new rows", "version"):
-        t.add_column(col, justify="right" if col != "table" else "left")
-    for name in ALL_TABLES:
-        before, after = summary.versions_before.get(name), summary.versions_after.get(name)
-        version = "-" if after is None else (f"{before} -> {after}" if before != after else f"{after} (unchanged)")
-        t.add_row(name, str(summary.rows_after.get(name, 0)),
-                  str(summary.rows_after.get(name, 0) - summary.rows_before.get(name, 0)), version)
-    console.print(t)
-    s = Table(title="Stages")
-    for col in ("stage", "chains", "seconds", "chains/s", "notes"):
-        s.add_column(col, justify="left" if col in ("stage", "notes") else "right")
-    for r in summary.stages:
-        notes = "skipped (input unchanged)" if r.skipped else ", ".join(
-            f"{k}={int(v) if float(v).is_integer() else round(v, 3)}" for k, v in r.counts.items()
-            if k in ("unscored", "quarantined", "new_input_files", "run_passed", "run_failed")
-        )
-        s.add_row(r.name, str(r.chains), f"{r.seconds:.1f}", f"{r.rate:.1f}", notes)
-    console.print(s)
-    if summary.label_scores:
-        console.print(label_scores_table(summary.label_scores))
-    slowest = summary.slowest
-    lines = [
-        f"pass rate: {summary.pass_rate:.1%}" if summary.pass_rate is not None else "pass rate: - (no chains curated)",
-        f"slowest stage: {slowest.name} ({slowest.seconds:.1f} s)" if slowest else "slowest stage: -",
-        f"Delta tables: {resolve_path(settings.paths.lake)}",
-        f"MLflow: {mlflow_location(settings, summary.mlflow_run_id)}",
-        *([f"report: {summary.report_file}"] if summary.report_file else []),
-        f"models: {settings.models.profile} (NLI {settings.models.nli.path})",
-    ]
-    # Tiny random models score every chain alike: say so where the scores are read, and how to get real ones.
-    from jobs.infra.config import random_models_note
-
-    lines += [note] if (note := random_models_note(settings)) else []
-    for line in lines:
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _body(job: Job, transforms: Transforms | None = None) -> Summary:
@@ -660,8 +427,8 @@ def plan_lines(spark: SparkSession, settings: Settings) -> list[str]:
         lines.append(f"rescore: would delete every row of config hash {ctx.config_hash} from {', '.join(HASHED_TABLES)}")
     handed_on = 0
     if "ingest" in wanted:
-        files = input_fingerprints(settings)
-        seen = seen_fingerprints(spark, ctx.table("input_files"))
+        files = input_files.input_fingerprints(settings)
+        seen = input_files.seen_fingerprints(spark, ctx.table("input_files"))
         new = [f for f in files if f not in seen]
         lines.append(f"ingest: reads {len(files)} input files ({len(new)} new or changed) matching {settings.ingest.input}")
         if settings.pipeline.skip_unchanged_input and not new and tables.exists(spark, ctx.table("chains")):

@@ -33,6 +33,7 @@ from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 from jobs.infra import tables
 from jobs.infra.config import ModelRef, ModelsSettings, RuntimeSettings, Settings
 from jobs.infra.stage import Job, Stage
+from jobs.receval import scores_table
 from jobs.receval.settings import PviSettings
 from schemas import step_scores as SS
 from schemas import steps as ST
@@ -293,10 +294,8 @@ def run(spark: SparkSession, settings: Settings, job=None, scorer: Scorer | None
         n_good = int(tally["n"]) - n_bad
         good = scored.where(F.col(ERROR).isNull())
         bad = scored.where(F.col(ERROR).isNotNull())
-        tables.merge_columns(
-            spark, good, settings.table("step_scores"), SS.SCHEMA,
-            keys=[SS.CHAIN_ID, SS.STEP_IDX, SS.CONFIG_HASH], columns=OUTPUT_COLUMNS,
-        )
+        # Its own group of columns: a row the NLI job (or the pipeline) wrote keeps theirs.
+        scores_table.write(spark, settings, good, OUTPUT_COLUMNS)
         if n_bad:
             rows = tables.quarantine_rows(
                 bad, QUARANTINE_STAGE, "scoring_error", F.col(ERROR), chain_id=F.col(SS.CHAIN_ID),

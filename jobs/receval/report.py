@@ -305,7 +305,7 @@ def render(
 
 
 def build(spark: SparkSession, settings: Settings, summary: Any) -> str:
-    """The report of one pipeline run (`pipeline.Summary`)."""
+    """The report of one pipeline run (`night_summary.Summary`)."""
     scores, scope_note = _scope(spark, settings, summary.run_id)
     worst = worst_chains(scores, settings.pipeline.report_worst_n)
     ids = sorted({r[CS.CHAIN_ID] for rows in worst.values() for r in rows})

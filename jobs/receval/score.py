@@ -14,45 +14,37 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from jobs.infra import tables
-from jobs.infra.config import Settings
+from jobs.infra.config import ModelRef, Settings
 from jobs.infra.progress import counted
 from jobs.infra.stage import Stage
-from jobs.receval import arith_scores
+from jobs.receval import arith_scores, nli_scores, pvi_scores, scores_table
 from schemas import step_scores as SS
 from schemas import steps as ST
+from udfs.runtime import resolve_model_path
 
 ERROR = "error"
 QUARANTINE_STAGE = "score"
-KEYS = [SS.CHAIN_ID, SS.STEP_IDX, SS.CONFIG_HASH]
 
 ScoreFn = Callable[[DataFrame, DataFrame, Settings], DataFrame]
 
 
 def _nli(steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:
-    from jobs.receval import nli_scores
     return nli_scores.transform(steps, contexts, settings.nli, settings.models.nli, settings.runtime)
 
 
 def _pvi(steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:
-    from jobs.receval import pvi_scores
     return pvi_scores.transform(steps, contexts, settings.pvi, settings.models, settings.runtime)
 
 
 def nli_revision(settings: Settings) -> str | None:
     """The NLI model's revision: configured, else a fingerprint of the weights (jobs.receval.nli_scores)."""
-    from jobs.receval import nli_scores
-    from udfs.runtime import resolve_model_path
-
     ref = settings.models.nli
     return nli_scores.model_revision(ref, resolve_model_path(ref.path))
 
 
-def _model_id(ref, real: bool) -> str:
+def _model_id(ref: ModelRef, real: bool) -> str:
     """The id the PVI job writes (path@revision) when the real transform ran; the configured path otherwise."""
-    if not real:
-        return ref.path
-    from jobs.receval import pvi_scores
-    return pvi_scores.model_id(ref)
+    return pvi_scores.model_id(ref) if real else ref.path
 
 
 def _scores_with_error(df: DataFrame, columns: list[str], marker: str, optional: tuple[str, ...] = ()) -> DataFrame:
@@ -150,29 +142,21 @@ def run(
     run_id: str | None = None,
     nli: ScoreFn | None = None,
     pvi: ScoreFn | None = None,
-    replace: bool = False,
 ) -> dict[str, int]:
-    """Score the given steps into `step_scores` (insert-only MERGE; `replace` upserts) and quarantine failures."""
+    """Score the given steps into `step_scores` (whole rows: scores_table.write, insert-only) and quarantine
+    failures."""
     with tables.Held() as hold:
+        # Counted as scored: the pipeline's progress moves per finished partition, inside a batch.
+        scored = hold(counted(score_steps(steps, contexts, settings, nli, pvi)))
         if settings.runtime.on_row_error == "fail":
-            scored = hold(counted(score_steps(steps, contexts, settings, nli, pvi)))
             first = scored.where(F.col(ERROR).isNotNull()).select(SS.CHAIN_ID, SS.STEP_IDX, ERROR).first()
             if first is not None:
                 raise RuntimeError(
                     f"scoring failed for chain {first[0]} step {first[1]}: {first[2]} "
                     "(runtime.on_row_error=fail; set it to quarantine to score the other rows)"
                 )
-        else:
-            # Counted as scored: the pipeline's progress moves per finished partition, inside a batch.
-            scored = hold(counted(score_steps(steps, contexts, settings, nli, pvi)))
         good, bad = split(scored, run_id)
-        path = settings.table("step_scores")
-        if replace:
-            tables.upsert(spark, good, path, SS.SCHEMA, KEYS)
-            written = good.count()
-        else:
-            written = tables.insert_new(spark, good, path, SS.SCHEMA, KEYS)
-        counts = {"written": written, **tally(scored)}
+        counts = {"written": scores_table.write(spark, settings, good), **tally(scored)}
         if counts["quarantined"]:
             tables.append_quarantine(spark, settings, bad)
     return counts

@@ -47,7 +47,7 @@ SCRATCH = "scratch"  # train_pvi.base_model: a T5 from random weights (train_pvi
 
 def _eb_chain(row: Mapping[str, Any]) -> tuple[list[str], list[list[str]], list[str], str]:
     """EB tree -> (rendered steps, premises per step (facts and non-earlier nodes), conclusions, hypothesis)."""
-    from udfs import entailment_bank as eb
+    from jobs.metaeval import entailment_bank as eb
 
     steps = eb.parse_proof(row["proof"])
     texts = eb.node_texts(row)
@@ -93,7 +93,7 @@ def chain_pairs(row: Mapping[str, Any], kind: str, empty_premises: str = "empty_
 def load_rows(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
     """Gold chains from JSONL (EB v2 trees or step lists) or an EB processed TSV (`.tsv`, task_1 train's form)."""
     if str(path).endswith(".tsv"):
-        from udfs import entailment_bank as eb
+        from jobs.metaeval import entailment_bank as eb
 
         rows = eb.load_tsv(resolve_path(path))
         return rows[:limit] if limit is not None else rows

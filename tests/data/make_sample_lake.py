@@ -55,8 +55,8 @@ def entailment_bank_rows(n: int = EB_TREES, kinds: tuple[str, ...] = EB_KINDS) -
 
     sys.path.insert(0, str(HERE.parents[1]))
     from jobs.infra.config import load_settings
+    from jobs.metaeval import entailment_bank as EB
     from jobs.metaeval import perturb
-    from udfs import entailment_bank as EB
 
     settings = load_settings(overrides=[f"paths.data={DATA}"], environ={})
     cfg = settings.perturb

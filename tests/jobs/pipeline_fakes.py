@@ -31,7 +31,7 @@ class Fakes:
     fail_nli_call: int | None = None  # raise on this NLI call (1-based): a crash mid-scoring
     error_chain: str | None = None  # the NLI "model" returns an error for every step of this chain
 
-    def steps(self, chains: DataFrame, settings: Settings) -> tuple[DataFrame, DataFrame, DataFrame]:
+    def steps(self, chains: DataFrame, settings: Settings, hold: tables.Held) -> tuple[DataFrame, DataFrame, DataFrame]:
         self.seen_steps += [r[0] for r in chains.select(C.CHAIN_ID).collect()]
         h = settings.scoring_hash()
         bad_mark = F.coalesce(F.col(C.CHAIN_TEXT), F.lit("")).contains(QUARANTINE_MARK)
@@ -60,7 +60,8 @@ class Fakes:
             F.lit("given").alias(ST.ANSWER_RULE),
         )
         bad = tables.quarantine_rows(chains.where(bad_mark), "steps", "fake_failure", "marked", chain_id=F.col(C.CHAIN_ID))
-        return tables.conform(steps, ST.SCHEMA), tables.conform(contexts, ST.CONTEXTS_SCHEMA), bad
+        # Held as the real transform holds its spaCy pass: computed once for the batch's writes.
+        return hold(tables.conform(steps, ST.SCHEMA)), hold(tables.conform(contexts, ST.CONTEXTS_SCHEMA)), bad
 
     def nli(self, steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:
         self.nli_calls += 1

@@ -16,13 +16,13 @@ from pyspark.testing import assertDataFrameEqual
 from tolerance import EXACT_FRAME
 
 from jobs.infra.config import PROJECT_ROOT, Settings
+from jobs.metaeval import entailment_bank as eb
 from jobs.receval import ingest, nli_scores
 from jobs.receval import steps as J
 from jobs.receval.settings import IngestSettings
 from schemas import chains as C
 from schemas import step_scores as SS
 from schemas import steps as S
-from udfs import entailment_bank as eb
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the fake NLI runs in Spark's Python workers
 

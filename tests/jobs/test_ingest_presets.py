@@ -347,7 +347,7 @@ def test_lm_eval_samples_round_trip(spark, tmp_path: Path, tiny_models):
 
 def test_pipeline_fingerprints_the_batch_input_and_datasets_folders(tmp_path: Path):
     from jobs.infra.config import load_settings
-    from jobs.receval.pipeline import input_fingerprints
+    from jobs.receval.input_files import input_fingerprints
 
     out = _jsonl(tmp_path / "out.jsonl", BATCH_OUTPUT[:1])
     inp = _jsonl(tmp_path / "in.jsonl", BATCH_INPUT[:1])

@@ -20,8 +20,9 @@ from pyspark.testing import assertDataFrameEqual
 
 from jobs.infra import tables
 from jobs.infra.config import ConfigError, Settings, describe, load_settings, load_settings_with_sources
-from jobs.receval import export, ingest, pipeline
+from jobs.receval import export, ingest, input_files, pipeline
 from jobs.receval.ingest import RowError, validate
+from jobs.receval.night_summary import StageReport
 from jobs.receval.settings import IngestSettings
 from schemas import chains as C
 from schemas import pipeline as P
@@ -112,11 +113,11 @@ def test_replacement_char_quarantined_on_request_and_a_real_fault_always():
 def test_ingest_hash_covers_every_ingest_setting_but_the_input():
     base = Settings()
     same = base.model_copy(update={"ingest": base.ingest.model_copy(update={"input": "elsewhere/*.jsonl"})})
-    assert pipeline.ingest_hash(same) == pipeline.ingest_hash(base)
+    assert input_files.ingest_hash(same) == input_files.ingest_hash(base)
     for change in ({"mapping": {**DEFAULTS, "context": "doc.question"}}, {"dataset": "gsm8k"},
                    {"replacement_char": "keep"}, {"format": "jsonl"}):
         other = base.model_copy(update={"ingest": base.ingest.model_copy(update=change)})
-        assert pipeline.ingest_hash(other) != pipeline.ingest_hash(base), change
+        assert input_files.ingest_hash(other) != input_files.ingest_hash(base), change
 
 
 def test_input_files_recorded_before_the_hash_are_read_as_new(spark, make_settings):
@@ -128,7 +129,7 @@ def test_input_files_recorded_before_the_hash_are_read_as_new(spark, make_settin
     assert P.INPUT_FILES_SCHEMA.fields[-1].name == P.INGEST_HASH and P.INPUT_FILES_SCHEMA.fields[-1].nullable
     path = settings.table("input_files")
     spark.createDataFrame([("/in/a.jsonl", 10, 5, "night-0", None)], old).write.format("delta").save(path)
-    assert pipeline.seen_fingerprints(spark, path) == {("/in/a.jsonl", 10, 5, None)}
+    assert input_files.seen_fingerprints(spark, path) == {("/in/a.jsonl", 10, 5, None)}
 
 
 # -- the scenario: an lm-evaluation-harness samples file, end to end ------------------------------------------
@@ -151,7 +152,7 @@ class Scenario:
     exit_code: object  # `python -m jobs.receval.ingest`'s SystemExit code over the all-bad file
     standalone: Settings
     runs: list[tuple[str, str]]  # (run name, status) of every MLflow run in its store
-    night: pipeline.StageReport  # the pipeline's ingest stage, mapping fixed, over files recorded under the default
+    night: StageReport  # the pipeline's ingest stage, mapping fixed, over files recorded under the default
     night_id: str
     lake: Settings  # the night's
 
@@ -167,7 +168,7 @@ def _mlflow_runs(settings: Settings) -> list[tuple[str, str]]:
 def _record_as_read(spark, settings: Settings) -> None:
     """`input_files` as a night under `settings` left it (its fingerprints of every input file)."""
     rows = [dict(zip(P.INPUT_FILES_KEYS, fp, strict=True)) | {P.RUN_ID: "night-0"}
-            for fp in pipeline.input_fingerprints(settings)]
+            for fp in input_files.input_fingerprints(settings)]
     frame = spark.createDataFrame(rows).withColumn(P.SEEN_AT, F.current_timestamp())
     tables.conform(frame, P.INPUT_FILES_SCHEMA).write.format("delta").save(settings.table("input_files"))
     tables.ensure(spark, settings.table("chains"), C.SCHEMA)
@@ -206,7 +207,7 @@ def scenario(spark, tmp_path_factory) -> Scenario:
     _record_as_read(spark, folder_settings(root / "b", f"ingest.input={mixed}", *INGEST_ONLY))
     settings = folder_settings(root / "b", f"ingest.input={mixed}", *INGEST_ONLY, *FIXED)
     # The pipeline's ingest stage alone (its skip logic and bookkeeping; the whole night adds table counts).
-    night = pipeline.StageReport("ingest")
+    night = StageReport("ingest")
     pipeline._ingest(pipeline.Context(spark, settings, "night-1", pipeline.Transforms()), night)
     return Scenario(exit_code, standalone, _mlflow_runs(standalone), night, "night-1", settings)
 
@@ -257,7 +258,7 @@ def test_changed_mapping_reads_unchanged_files_again(spark, scenario):
     assert chains.where(F.col(C.QUESTION_ID) == "3").first()[C.CONTEXT] == _samples()[3]["doc"]["question"]
     seen = tables.read(spark, scenario.lake.table("input_files")).groupBy(P.INGEST_HASH).count().collect()
     default = load_settings(overrides=[f"ingest.input={scenario.lake.ingest.input}"], environ={})
-    assert {r[0]: r[1] for r in seen} == {pipeline.ingest_hash(default): 2, pipeline.ingest_hash(scenario.lake): 2}
+    assert {r[0]: r[1] for r in seen} == {input_files.ingest_hash(default): 2, input_files.ingest_hash(scenario.lake): 2}
 
 
 # -- trap 5: the quarantine table could not be exported ---------------------------------------------------------

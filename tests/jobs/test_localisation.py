@@ -13,16 +13,16 @@ from tolerance import exact
 
 from jobs.infra import tables
 from jobs.metaeval import localise
+from jobs.metaeval import localise_maths as L
 from jobs.metaeval.settings import LocaliseSettings
 from schemas import chains as C
 from schemas import localisation as LO
 from schemas import quarantine as Q
 from schemas import step_labels as SL
 from schemas import step_scores as SS
-from udfs import localise as L
 
 CAL, OTHER = "pb_cal", "pb_other"
-# Calibration chains (tests/udfs/test_localise.py: F1-best threshold 0.4, every chain right there).
+# Calibration chains (tests/jobs/test_localise_maths.py: F1-best threshold 0.4, every chain right there).
 CAL_CHAINS = {"A": ([0.9, 0.2, 0.8], 1), "B": ([0.7, 0.6], -1), "C": ([0.3, 0.9], 0), "D": ([0.8, 0.5, 0.4], -1)}
 # At 0.4: E flagged at step 0 (label 1), F right, G right, H flagged at step 1 (all correct).
 OTHER_CHAINS = {"E": ([0.35, 0.1], 1), "F": ([0.5, 0.45], -1), "G": ([0.2], 0), "H": ([0.6, 0.15], -1)}

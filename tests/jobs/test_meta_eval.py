@@ -7,11 +7,11 @@ from tolerance import exact
 
 from jobs.infra import tables
 from jobs.metaeval import meta_eval as ME
+from jobs.metaeval import somers
 from schemas import baseline_scores as B
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import meta_eval as M
-from udfs import somers
 
 LONG = "dataset string, label string, metric string, chain_id string, label_value double, score double"
 
@@ -35,7 +35,7 @@ def _long_rows(seed: int = 0) -> list[tuple]:
 def test_spark_auc_matches_scipy(spark):
     rows = _long_rows()
     got = {r[M.METRIC]: r for r in ME.spark_auc(spark.createDataFrame(rows, LONG)).collect()}
-    assert got["hand"][M.SOMERS_D] == exact(4 / 6)  # hand-computed in tests/udfs/test_somers.py
+    assert got["hand"][M.SOMERS_D] == exact(4 / 6)  # hand-computed in tests/jobs/test_somers.py
     assert (got["hand"][M.N], got["hand"][M.N_ERRORS]) == (5, 2)
     for metric in ("a", "b"):
         y = [r[4] for r in rows if r[2] == metric]

@@ -259,7 +259,7 @@ def test_run_missing_paper_model_names_it_and_writes_nothing(spark, make_setting
 # -- the tiny model: invariance and the EB test set end to end ---------------------------------------------
 def eb_chains(path: Path, limit: int | None = None) -> list[Chain]:
     """EB task_1 test trees as chains: premise RCUs = parents not yet mentioned, conclusion = the child."""
-    from udfs import entailment_bank as eb
+    from jobs.metaeval import entailment_bank as eb
 
     rows = eb.load_jsonl(path)[:limit]
     chains: list[Chain] = []

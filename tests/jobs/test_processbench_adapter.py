@@ -1,4 +1,5 @@
-"""The ProcessBench adapter job (jobs/metaeval/processbench.py; the module name test_processbench is tests/udfs'):
+"""The ProcessBench adapter job (jobs/metaeval/processbench.py; an item alone, jobs/metaeval/processbench_items.py,
+is tested in test_processbench_items.py):
 hand-made subset files -> `chains`, `step_labels` and `quarantine`, row by row; counts reconcile; a rerun inserts
 nothing; what it writes feeds the localisation job's labels as they are. And the real subsets against the counts
 their README states (skipped, with the reason, where a file is absent)."""

@@ -264,8 +264,8 @@ OFFICIAL_REL = 1e-5  # issue #17: step scores equal the official logic within 1e
 
 
 def long_chain_rows(h: str = "h") -> tuple[list[tuple], dict[str, str]]:
+    from jobs.metaeval import entailment_bank as eb
     from jobs.training import train_pvi
-    from udfs import entailment_bank as eb
 
     trees = eb.load_jsonl(EB_DEV)
     steps, answers = [], {}

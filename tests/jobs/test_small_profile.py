@@ -10,7 +10,7 @@ import shutil
 import pytest
 from conftest import SAMPLE_LAKE, sqlite_store
 
-from jobs.receval import pipeline
+from jobs.receval import night_summary, pipeline
 from udfs.model_paths import small_built
 
 pytestmark = [
@@ -23,7 +23,7 @@ METRICS = ("intra_entail_min", "inter_min", "intra_pvi_min", "info_gain_min")
 
 
 @pytest.fixture(scope="module")
-def scored(spark, tmp_path_factory) -> tuple[dict[str, bool], list, pipeline.Summary]:
+def scored(spark, tmp_path_factory) -> tuple[dict[str, bool], list, night_summary.Summary]:
     """(GSM-8K chain id -> right final answer, chain_scores rows, the run's summary) of the whole sample lake
     (GSM-8K and EntailmentBank parts) scored with the small profile, as `make run` scores it."""
     from pyspark.sql import functions as F

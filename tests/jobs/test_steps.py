@@ -10,11 +10,11 @@ from pyspark.testing import assertDataFrameEqual, assertSchemaEqual
 from tolerance import EXACT_FRAME
 
 from jobs.infra.config import PROJECT_ROOT, Settings
+from jobs.metaeval import entailment_bank as eb
 from jobs.receval import steps as J
 from schemas import chains as C
 from schemas import quarantine as Q
 from schemas import steps as S
-from udfs import entailment_bank as eb
 
 NATALIA = "Natalia sold 24 clips in May, so she sold 72 clips altogether."
 GALAXY = "a galaxy is a kind of celestial object, so galaxies can be classified by shape."

@@ -2,7 +2,7 @@
 
 Expected RCUs were worked out by hand: the rules of RECEVAL.md applied to spaCy's dependency parse of each
 sentence (the parse is the input; the comment above each case gives the arcs that decide it).
-Sentences: EntailmentBank task_1 test steps rendered by udfs.entailment_bank, and GSM-8K solution sentences
+Sentences: EntailmentBank task_1 test steps rendered by jobs.metaeval.entailment_bank, and GSM-8K solution sentences
 from roscoe/generated/gsm8k.json with the "<<...>>" calculator annotations removed.
 """
 

@@ -3,19 +3,22 @@
 Expected units were written by hand from the guidelines in bench/data/README.md (and docs/design/RECEVAL.md
 "Clause units"), not read off the extractor. The comment above each case names the rule it pins: without that rule
 the case gives other units or another conclusion. Sentences: the examples of issue #15, EntailmentBank task_1
-steps rendered by udfs.entailment_bank, GSM-8K steps (roscoe generated/gsm8k.json), and a few written here.
+steps rendered by jobs.metaeval.entailment_bank, GSM-8K steps (roscoe generated/gsm8k.json), and a few written here.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
 
-from jobs.infra.config import Settings
+from jobs.infra.config import PROJECT_ROOT, Settings
 from udfs import rcu
-from udfs import rcu_agreement as A
 from udfs import rcu_clauses as RC
+
+sys.path.append(str(PROJECT_ROOT / "bench"))  # bench/rcu_agreement.py: the RCU benchmark's edge-defect rule
+import rcu_agreement as A  # noqa: E402
 
 PIPELINE = Settings().models.spacy
 

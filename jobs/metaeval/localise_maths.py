@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from udfs.somers import auc_d
+from jobs.metaeval.somers import auc_d
 
 NO_ERROR = -1  # ProcessBench's label (and prediction) for a chain whose every step is correct
 
@@ -148,7 +148,7 @@ def _auc(score: np.ndarray, positive: np.ndarray) -> float:
     """P(a first-error step scores below a step before it), ties 1/2; NaN without both kinds of step."""
     if positive.all() or not positive.any():
         return math.nan
-    # Mann-Whitney from average ranks (udfs.somers.auc_d = 2 AUC - 1, positives ranked high): ~50 us where
+    # Mann-Whitney from average ranks (jobs.metaeval.somers.auc_d = 2 AUC - 1, positives ranked high): ~50 us where
     # sklearn's roc_auc_score takes ~3 ms, which a 1,000-resample bootstrap per metric and subset would feel.
     return (float(auc_d(positive, -score)) + 1) / 2  # lower score = more likely the error
 

@@ -10,7 +10,7 @@ index of the earliest erroneous step, -1 when every step is correct. A chain kee
 - as answer the content of the last non-empty `\\boxed{...}` of the last step, where that step states one (else
   null: the steps job derives one);
 - labels `first_error_index` (the label, as a float) and `final_answer_correct` (1.0 / 0.0), and `first_error`
-  step labels (udfs/step_labels.py).
+  step labels (jobs/metaeval/step_labels.py).
 
 An item is quarantined, with the reason (REASONS) and a detail naming the field, when it cannot give that chain.
 """
@@ -24,11 +24,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.metaeval.step_labels import NO_ERROR, first_error_rows
 from schemas import chains as C
 from schemas import step_labels as SL
 from schemas.chains import content_hash
 from udfs.cot_text import boxed_answer
-from udfs.step_labels import NO_ERROR, first_error_rows
 
 REASONS = {
     "not_json": "the file is not JSON (its items cannot be told apart: the file is one quarantined row)",

@@ -1,6 +1,8 @@
 """EntailmentBank rows (task_1/task_2 jsonl, task_1 processed TSVs) -> proof steps, rendered step texts and `chains` records.
 
-Plain Python (no Spark), shared by the steps job, the EB-challenge perturbations and the PVI training data.
+Plain Python (no Spark), run on the driver: the EB-challenge perturbations (jobs.metaeval.perturb) and the PVI
+training data (jobs.training.train_pvi) read EB with it; the steps job's tests and the benchmarks render EB chains
+with it.
 
 Rendering follows the official ReCEval code (`evaluate_receval.get_reasoning_chain_text`) exactly, so scores
 stay comparable with the paper:

@@ -5,7 +5,7 @@ import math
 import numpy as np
 from tolerance import EXACT_ABS, EXACT_REL, exact
 
-from udfs import somers
+from jobs.metaeval import somers
 
 # Somers' D is a ratio of pair counts: exact rationals, computed in float64.
 

@@ -1,4 +1,5 @@
-"""udfs/localise.py against hand-computed values: the predictor, ProcessBench's F1, threshold choice, AUROC, hit rate."""
+"""jobs/metaeval/localise_maths.py against hand-computed values: the predictor, ProcessBench's F1, threshold choice,
+AUROC, hit rate."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 from tolerance import exact
 
-from udfs import localise as L
+from jobs.metaeval import localise_maths as L
 
 
 def test_predicted_error_first_step_below_threshold_and_missing_scores_never_flag():

@@ -1,6 +1,6 @@
 """Step labels (schemas/step_labels.py) from a set's own annotations: the `first_error` rows of a chain and the
 earliest error of per-step verdicts. Plain Python, shared by the step-labelled sets' adapters (ProcessBench in
-udfs/processbench.py, ROSCOE's per-step annotations in jobs/metaeval/human_labels.py)."""
+jobs/metaeval/processbench_items.py, ROSCOE's per-step annotations in jobs/metaeval/human_labels.py)."""
 
 from __future__ import annotations
 

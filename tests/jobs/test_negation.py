@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from udfs.negation import negate
+from jobs.metaeval.negation import negate
 
 
 @pytest.fixture(scope="module")

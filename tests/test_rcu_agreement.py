@@ -1,10 +1,17 @@
-"""udfs.rcu_agreement: normalisation, premise-set and token P/R/F1, edge defects, per-step agreement (hand-computed)."""
+"""bench/rcu_agreement.py: normalisation, premise-set and token P/R/F1, edge defects, per-step agreement
+(hand-computed)."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
-from udfs import rcu_agreement as A
+from jobs.infra.config import PROJECT_ROOT
+
+# A benchmark's module (bench/ is no package): bench/rcu_bench.py scores the steps job's RCUs with it.
+sys.path.append(str(PROJECT_ROOT / "bench"))
+import rcu_agreement as A  # noqa: E402
 
 
 def test_normalise_lowercases_drops_punctuation_and_collapses_space():

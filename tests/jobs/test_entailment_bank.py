@@ -1,4 +1,4 @@
-"""udfs.entailment_bank: proof parsing and the official step rendering, on real EB task_1 test rows."""
+"""jobs.metaeval.entailment_bank: proof parsing and the official step rendering, on real EB task_1 test rows."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from conftest import require_datasets
 
 from jobs.infra.config import Settings, resolve_path
-from udfs import entailment_bank as eb
+from jobs.metaeval import entailment_bank as eb
 
 EB_TEST = resolve_path(Settings().perturb.eb_task1_test)
 

@@ -1,5 +1,5 @@
-"""udfs/processbench.py and udfs/step_labels.py on hand-written ProcessBench items: whole chains and step labels as
-expected, and every kind of bad item quarantined with its reason."""
+"""jobs/metaeval/processbench_items.py and jobs/metaeval/step_labels.py on hand-written ProcessBench items: whole
+chains and step labels as expected, and every kind of bad item quarantined with its reason."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from jobs.metaeval import processbench_items as P
+from jobs.metaeval import step_labels as S
 from schemas import chains as C
 from schemas import step_labels as SL
 from schemas.chains import content_hash
-from udfs import processbench as P
-from udfs import step_labels as S
 
 PROBLEM = "Tom has 18 apples and gives 6 away. How many are left?"
 LATEX_STEP = r"He keeps \(18 - 6 = 12\) apples, that is \(\frac{a}{b}\) of them with \(a = 12\), \(b = 18\)."
