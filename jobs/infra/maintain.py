@@ -188,7 +188,7 @@ def _body(job: Job) -> dict[str, Any]:
 # Upkeep of every table of the lake (TABLES): a platform job, so it names tables, never stages.
 # It rewrites (OPTIMIZE) or restores every table: declared so, it holds the lake's claim while it runs (stage.py).
 STAGE = Stage("maintain", __doc__, _body, writes=tuple(TABLES), section="maintain", arguments=_arguments,
-              check=_check, plan=_plan, run_name=lambda args: f"maintain_{args.action}")
+              check=_check, plan=_plan, run_name=lambda args: f"maintain_{args.action}", creates_tables=False)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

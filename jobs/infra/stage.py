@@ -105,6 +105,9 @@ class Stage:
     run_name: Callable[[argparse.Namespace], str] | None = None
     uses_spark: bool = True
     parts: tuple[Stage, ...] = field(default=())
+    # False for a stage that only rewrites tables that exist (maintain): its dry-run says an absent table is left
+    # alone rather than created.
+    creates_tables: bool = True
 
     def inputs(self, settings: Settings) -> tuple[str, ...]:
         return self.reads(settings) if callable(self.reads) else self.reads
@@ -212,7 +215,7 @@ def settings_of(argv: Sequence[str]) -> Settings:
 def table_lines(spark: SparkSession | None, settings: Settings, stage: Stage) -> list[str]:
     """The `reads`/`writes` lines of a stage's dry-run: each table's version and rows (reads Delta logs only)."""
     def line(name: str) -> str:
-        return name if spark is None else lineage.table_line(spark, settings, name)
+        return name if spark is None else lineage.table_line(spark, settings, name, stage.creates_tables)
 
     return [f"  reads  {line(n)}" for n in stage.inputs(settings)] + [
         f"  writes {line(n)}" for n in stage.outputs(settings)
