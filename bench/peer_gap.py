@@ -28,18 +28,16 @@ TASKS = ("date_understanding", "disambiguation_qa", "logical_deduction_five_obje
 PER_TASK = 10
 
 
-def pairs_of(name: str, chat: bool) -> tuple[list[str], list[list[str]]]:
+def pairs_of(tok, chat: bool) -> tuple[list[str], list[list[str]]]:
     from jobs.cot.data import load_bbh
     from jobs.cot.settings import CotSettings
     from jobs.infra.config import resolve_path
     from udfs.cot_prompt import build_prompts
-    from udfs.runtime import load_model, registry_folder
 
     cfg = CotSettings()
     rows = load_bbh(resolve_path(cfg.data_root), TASKS)
     rng = random.Random(0)
     chosen = [r for t in TASKS for r in rng.sample([x for x in rows if x["task"] == t], PER_TASK)]
-    _, tok = load_model(str(registry_folder(name)), "causal", "cpu", "fp32")
     prompts = [p for p, _ in build_prompts(tok, [r["source"] for r in chosen], cfg.direct_suffix, cfg.max_length,
                                            chat=chat)]  # fmt: skip
     return prompts, [list(r["options"]) for r in chosen]
@@ -84,9 +82,9 @@ def main() -> None:
     from udfs.runtime import load_model, registry_folder
 
     folder = str(registry_folder(args.model))
-    prompts, options = pairs_of(args.model, args.chat)
-    pairs = [(p, o) for p, opts in zip(prompts, options, strict=True) for o in opts]
     model, tok = load_model(folder, "causal", "cpu", "fp32")
+    prompts, options = pairs_of(tok, args.chat)
+    pairs = [(p, o) for p, opts in zip(prompts, options, strict=True) for o in opts]
     got: dict[str, list[float]] = {}
     seconds: dict[str, float] = {}
     for batch in (32, 1):

@@ -18,9 +18,7 @@ from jobs.infra.tracking import JobRun
 
 def log_tables(spark: SparkSession, settings: Settings, tracked: JobRun, names: Iterable[str], context: str) -> None:
     """Tables read (`input`, before the job runs) or written (`output`, after) with their Delta versions."""
-    for name in names:
-        path = settings.table(name)
-        tracked.log_table(name, path, tables.version(spark, path), context)
+    log_versions(settings, tracked, versions(spark, settings, names), context)
 
 
 def table_line(spark: SparkSession, settings: Settings, name: str, creates: bool = True) -> str:
