@@ -42,6 +42,10 @@ COMPUTED_AT = "computed_at"
 # The ReCEval combination: each of localise.combine rank-normalised over the calibration subset's steps (its
 # empirical CDF there, applied unchanged to every subset), then the per-step min. Lower = more suspicious.
 COMBINED = "receval_rank_min"
+# localise.check_first: `checks` predicts the first step a check (e.g. arith_valid < 1) flags, else -1;
+# `checks_then_<metric>` that step, else the metric's prediction. Predictions only: no AUROC or hit rate.
+CHECKS = "checks"
+CHECKS_THEN = "checks_then_"
 
 KEYS = [DATASET, METRIC, CALIBRATION, CONFIG_HASH]
 

@@ -166,6 +166,7 @@ def evaluate(items: list[Item], metrics: Sequence[str], cfg: LocaliseSettings) -
         raise ValueError(f"localise.calibration: no scored, labelled chain of {cfg.calibration!r} (subsets with "
                          f"scored chains: {subsets}); score it, or choose another calibration subset")
     results, predictions, thresholds, skipped = [], [], {}, []
+    chosen: dict[str, dict[str, int]] = {}  # metric -> chain id -> predicted, for the checks' rows
     for metric in metrics:
         mine = [it for it in items if metric in it.scores]
         calib = [it for it in mine if it.dataset == cfg.calibration]
@@ -180,6 +181,7 @@ def evaluate(items: list[Item], metrics: Sequence[str], cfg: LocaliseSettings) -
         for subset, group in sorted(by_subset.items()):
             chains, labels = [it.scores[metric] for it in group], [it.label for it in group]
             predicted = [L.predicted_error(c, threshold) for c in chains]
+            chosen.setdefault(metric, {}).update((it.chain_id, p) for it, p in zip(group, predicted, strict=True))
             fig = L.figures(predicted, labels)
             auc = L.step_auroc(chains, labels, cfg.bootstrap_resamples, cfg.seed, cfg.ci_level)
             hit, chance = L.hit_rate(chains, labels)
@@ -194,7 +196,52 @@ def evaluate(items: list[Item], metrics: Sequence[str], cfg: LocaliseSettings) -
             predictions += [{LO.CHAIN_ID: it.chain_id, LO.DATASET: subset, LO.METRIC: metric, LO.PREDICTED: p,
                              LO.THRESHOLD: threshold, LO.LABEL: it.label, LO.CALIBRATION: cfg.calibration}
                             for it, p in zip(group, predicted, strict=True)]
+    if cfg.check_first:
+        more = checked_first(items, chosen, thresholds, cfg)
+        results += more.results
+        predictions += more.predictions
     return Evaluation(results, predictions, thresholds, skipped)
+
+
+def first_checked(item: Item, checks: dict[str, float]) -> int:
+    """The first step any check flags (scores strictly below its fixed threshold), else -1; a chain a check did
+    not score (a step without equations) is not flagged by it."""
+    flags = [L.predicted_error(item.scores[c], t) for c, t in checks.items() if c in item.scores]
+    return min((f for f in flags if f != L.NO_ERROR), default=L.NO_ERROR)
+
+
+def checked_first(items: list[Item], chosen: dict[str, dict[str, int]], thresholds: dict[str, float],
+                  cfg: LocaliseSettings) -> Evaluation:
+    """`checks` and `checks_then_<m>` rows (localise.check_first): the first step a check flags, else m's own
+    prediction. Predictions are all these rows have: their AUROC and hit rates are left empty (no step score to
+    rank), their threshold is m's (the checks' own when the checks are alone and one)."""
+    checks = cfg.check_first
+    flagged = {it.chain_id: first_checked(it, checks) for it in items}
+    alone = next(iter(checks.values())) if len(checks) == 1 else math.nan
+    members = {LO.CHECKS: ({it.chain_id: L.NO_ERROR for it in items}, alone)}
+    members |= {f"{LO.CHECKS_THEN}{m}": (chosen[m], thresholds[m]) for m in chosen if m not in checks}
+    results, predictions = [], []
+    by_id = {it.chain_id: it for it in items}
+    for name, (fallback, threshold) in members.items():
+        by_subset: dict[str, list[Item]] = defaultdict(list)
+        for chain_id in fallback:
+            by_subset[by_id[chain_id].dataset].append(by_id[chain_id])
+        for subset, group in sorted(by_subset.items()):
+            predicted = [flagged[it.chain_id] if flagged[it.chain_id] != L.NO_ERROR else fallback[it.chain_id]
+                         for it in group]
+            labels = [it.label for it in group]
+            fig = L.figures(predicted, labels)
+            results.append({
+                LO.DATASET: subset, LO.METRIC: name, LO.CALIBRATION: cfg.calibration, LO.THRESHOLD: threshold,
+                LO.N: len(group), LO.N_ERROR: fig.n_error, LO.N_CORRECT: fig.n_correct,
+                LO.ACC_ERROR: fig.acc_error, LO.ACC_CORRECT: fig.acc_correct, LO.F1: fig.f1,
+                LO.AUROC: None, LO.AUROC_LOW: None, LO.AUROC_HIGH: None, LO.N_POSITIVE: 0, LO.N_NEGATIVE: 0,
+                LO.HIT_RATE: None, LO.RANDOM_HIT_RATE: None,
+            })
+            predictions += [{LO.CHAIN_ID: it.chain_id, LO.DATASET: subset, LO.METRIC: name, LO.PREDICTED: p,
+                             LO.THRESHOLD: threshold, LO.LABEL: it.label, LO.CALIBRATION: cfg.calibration}
+                            for it, p in zip(group, predicted, strict=True)]
+    return Evaluation(results, predictions, {}, [])
 
 
 @dataclass(frozen=True)
@@ -214,7 +261,8 @@ def transform(spark: SparkSession, step_scores: DataFrame, chains: DataFrame, st
     The step scores of `cfg.config_hash`, else of `scoring_hash` (the current configuration's, Settings.scoring_hash).
     `baselines`: per-step scores in LONG_SCHEMA's form (a per-step ROSCOE table, when one exists)."""
     config_hash = cfg.config_hash or scoring_hash
-    long = melt_step_scores(step_scores, cfg.metrics, config_hash)
+    checks_only = [c for c in cfg.check_first if c not in cfg.metrics]  # read for the checks' rows, not ranked
+    long = melt_step_scores(step_scores, [*cfg.metrics, *checks_only], config_hash)
     if baselines is not None:
         long = long.unionByName(baselines.select(*LONG_SCHEMA.fieldNames()))
     unknown = sorted(set(cfg.combine) - set(cfg.metrics))
@@ -237,7 +285,7 @@ def transform(spark: SparkSession, step_scores: DataFrame, chains: DataFrame, st
     n_read, n_bad = len(verdicts), len(bad)
     items = items_of(rows)
     # The baseline table's metrics, as the collected rows name them (no Spark job of their own).
-    baseline_metrics = sorted({r[METRIC] for r in rows} - set(cfg.metrics))
+    baseline_metrics = sorted({r[METRIC] for r in rows} - set(cfg.metrics) - set(checks_only))
     used = with_combination(items, cfg.combine, cfg.calibration)
     metrics = [*cfg.metrics, *baseline_metrics, *([LO.COMBINED] if used else [])]
     evaluation = evaluate(items, metrics, cfg)
@@ -335,7 +383,9 @@ def _body(job: Job) -> Outcome:
     tracked.log_metrics({f"rows_{k}": v for k, v in out.counts.items()})
     tracked.log_metrics(mlflow_metrics(rows))
     tracked.set_tags({"localise_combined_from": ",".join(out.combined_from),
-                      "localise_skipped": ",".join(out.evaluation.skipped)})
+                      "localise_skipped": ",".join(out.evaluation.skipped),
+                      "localise_check_first": ",".join(f"{m}<{t:g}" for m, t in
+                                                       settings.localise.check_first.items())})
     log.info("[localise] %s; thresholds %s", out.counts, out.evaluation.thresholds)
     print(table)
     return out

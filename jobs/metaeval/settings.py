@@ -73,6 +73,12 @@ class LocaliseSettings(Section):
     # Per-step baseline scores (a lake table of chain_id, step_idx, metric, score, higher-is-better) evaluated
     # beside them, e.g. `step_baseline_scores` (the baselines job with baselines.per_step); None: none.
     step_baselines: str | None = None
+    # Checks whose flags come first, {step_scores metric: threshold} (a step is flagged when it scores strictly
+    # below its threshold, fixed here, not chosen on the calibration subset), e.g. {arith_valid: 1.0}: an equation
+    # that does not hold. Adds `checks` (the first step any check flags, else -1) and, per metric m evaluated,
+    # `checks_then_<m>` (that step, else m's prediction at m's own threshold): a precise rule placed before a
+    # recall-oriented one. {}: none.
+    check_first: dict[str, float] = Field(default_factory=dict)
     datasets: list[str] | None = None  # None: every dataset whose chains carry a first_error_index label
     config_hash: str | None = None  # None: Settings.scoring_hash(), the step scores of the current configuration
     bootstrap_resamples: int = Field(1000, ge=0)

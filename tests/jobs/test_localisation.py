@@ -55,6 +55,35 @@ def test_threshold_and_combination_come_from_the_calibration_subset_only():
         localise.evaluate(items, ["m"], LocaliseSettings(calibration="gsm"))
 
 
+def test_checks_come_first_then_each_metric_at_its_own_threshold():
+    """localise.check_first {a: 1.0}: a step scoring below 1 under `a` is flagged before m's prediction, even where
+    m flags an earlier step (E); a chain `a` did not score (NaN) falls back to m."""
+    items = _items()
+    nan = math.nan
+    checks = {"A": [nan, 0.5, nan], "C": [1.0, 0.0], "D": [1.0, 1.0, 1.0], "E": [nan, 0.0]}
+    for it in items:
+        if it.chain_id in checks:
+            it.scores["a"] = np.array(checks[it.chain_id])
+    cfg = LocaliseSettings(calibration=CAL, bootstrap_resamples=0, check_first={"a": 1.0})
+    out = localise.evaluate(items, ["m", "k"], cfg)
+    assert "a" not in out.thresholds  # the check's threshold is given, not chosen
+    rows = {(r[LO.DATASET], r[LO.METRIC]): r for r in out.results}
+    assert set(rows) == {(d, m) for d in (CAL, OTHER) for m in ("m", "k", LO.CHECKS, "checks_then_m", "checks_then_k")}
+    predicted = {(p[LO.METRIC], p[LO.CHAIN_ID]): p[LO.PREDICTED] for p in out.predictions}
+    # m alone at 0.4: A 1, B -1, C 0, D -1, E 0, F -1, G 0, H 1. The check flags A at 1, C at 1, E at 1.
+    assert {c: predicted[("checks_then_m", c)] for c in "ABCDEFGH"} == {
+        "A": 1, "B": -1, "C": 1, "D": -1, "E": 1, "F": -1, "G": 0, "H": 1}
+    assert {c: predicted[(LO.CHECKS, c)] for c in "ABCDEFGH"} == {
+        "A": 1, "B": -1, "C": 1, "D": -1, "E": 1, "F": -1, "G": -1, "H": -1}
+    # Labels A 1, B -1, C 0, D -1 | E 1, F -1, G 0, H -1.
+    figs = lambda key: tuple(rows[key][k] for k in (LO.ACC_ERROR, LO.ACC_CORRECT, LO.F1))  # noqa: E731
+    assert figs((CAL, "checks_then_m")) == exact((0.5, 1.0, 2 / 3))  # C's check flag at step 1 is wrong
+    assert figs((OTHER, "checks_then_m")) == exact((1.0, 0.5, 2 / 3))  # E now right; H still flagged by m
+    assert figs((OTHER, LO.CHECKS)) == exact((0.5, 1.0, 2 / 3))  # G's error has no wrong check
+    assert (rows[(OTHER, "checks_then_m")][LO.THRESHOLD], rows[(OTHER, LO.CHECKS)][LO.THRESHOLD]) == (0.4, 1.0)
+    assert rows[(OTHER, LO.CHECKS)][LO.AUROC] is None and rows[(OTHER, LO.CHECKS)][LO.HIT_RATE] is None
+
+
 def _row(schema, **values) -> dict:
     return {f.name: None for f in schema.fields} | values
 
@@ -65,7 +94,7 @@ def localised(spark, tmp_path_factory):
     folder = tmp_path_factory.mktemp("localise")
     pairs = [f"localise.calibration={CAL}", "localise.metrics=[intra_entail,inter]",
              "localise.combine=[intra_entail,inter]", "localise.bootstrap_resamples=50",
-             "localise.step_baselines=step_baselines"]
+             "localise.step_baselines=step_baselines", "localise.check_first={arith_valid: 1.0}"]
     settings = folder_settings(folder, *pairs)
     h = settings.scoring_hash()
     chains, scores, labels, baseline = [], [], [], []
@@ -79,8 +108,10 @@ def localised(spark, tmp_path_factory):
                                         C.STEPS: [f"step {i}" for i in range(len(steps))]}))
         if cid != "N1":  # N1 is not scored under this config hash
             for i, s in enumerate(steps):
+                # A wrong equation in C's step 1 and E's step 1 (arith_valid is read for the check only).
+                arith = 0.0 if (cid, i) in {("C", 1), ("E", 1)} else None
                 scores.append(_row(SS.SCHEMA, **{SS.CHAIN_ID: cid, SS.STEP_IDX: i, SS.CONFIG_HASH: h,
-                                                 SS.INTRA_ENTAIL: s, SS.INTER: 0.5}))
+                                                 SS.INTRA_ENTAIL: s, SS.INTER: 0.5, SS.ARITH_VALID: arith}))
                 baseline.append((cid, i, "roscoe_step", s))
     scores.append(_row(SS.SCHEMA, **{SS.CHAIN_ID: "E", SS.STEP_IDX: 0, SS.CONFIG_HASH: "other", SS.INTRA_ENTAIL: 0.0}))
     for cid, values in {"A": [1.0, 0.0], "B": [1.0, 1.0], "H": [1.0, 1.0], "Q2": [1.0, 0.0], "Q4": [0.0, 0.0]}.items():
@@ -96,7 +127,8 @@ def localised(spark, tmp_path_factory):
 def test_job_rows_by_hand(spark, localised):
     settings, out = localised
     got = {(r[LO.DATASET], r[LO.METRIC]): r.asDict() for r in tables.read(spark, settings.table("localisation")).collect()}
-    assert set(got) == {(d, m) for d in (CAL, OTHER) for m in ("intra_entail", "inter", "roscoe_step", LO.COMBINED)}
+    metrics = ("intra_entail", "inter", "roscoe_step", LO.COMBINED)
+    assert set(got) == {(d, m) for d in (CAL, OTHER) for m in (*metrics, LO.CHECKS, *(f"checks_then_{m}" for m in metrics))}
     cal, other = got[(CAL, "intra_entail")], got[(OTHER, "intra_entail")]
     assert (cal[LO.THRESHOLD], other[LO.THRESHOLD], cal[LO.CALIBRATION]) == (0.4, 0.4, CAL)
     # Calibration: all four right; AUROC: the errors (0.2, 0.3) score below all six steps before or without one.
@@ -115,13 +147,16 @@ def test_job_rows_by_hand(spark, localised):
     strip = lambda r: {k: v for k, v in r.items() if k not in (LO.METRIC, LO.COMPUTED_AT)}  # noqa: E731
     assert strip(got[(OTHER, "roscoe_step")]) == strip(other)
     assert out.combined_from == ["intra_entail", "inter"]
+    # The checks first: C's wrong equation (step 1) replaces its right prediction 0, E's replaces the wrong 0.
+    checked = lambda d: tuple(got[(d, "checks_then_intra_entail")][k] for k in (LO.ACC_ERROR, LO.ACC_CORRECT))  # noqa: E731
+    assert (checked(CAL), checked(OTHER)) == ((0.5, 1.0), (1.0, 0.5))
     assert out.counts == {"read": 13, "evaluated": 8, "quarantined": 4, "not_scored": 1}
 
 
 def test_job_predictions_recompute_the_official_figures(spark, localised):
     settings, _ = localised
     predictions = [r.asDict() for r in tables.read(spark, settings.table("localisation_predictions")).collect()]
-    assert len(predictions) == 8 * 4
+    assert len(predictions) == 8 * 9  # four metrics, the checks alone, the checks then each metric
     mine = {r[LO.CHAIN_ID]: (r[LO.PREDICTED], r[LO.LABEL]) for r in predictions if r[LO.METRIC] == "intra_entail"}
     assert mine == {"A": (1, 1), "B": (-1, -1), "C": (0, 0), "D": (-1, -1), "E": (0, 1), "F": (-1, -1),
                     "G": (0, 0), "H": (1, -1)}
