@@ -3,8 +3,8 @@ lm-evaluation-harness's (HFLM) on the same prompts, each against a float64 refer
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/peer_gap.py [--model qwen2.5-coder-0.5b-instruct] [--chat]
 
-The prompts and options are the manual peer test's (tests/udfs/test_cot_peer_real_models.py: 5 BBH tasks, a seeded
-10 examples each, every option). Four float32 scorings: ours (udfs.options.score_options, the CoT job's path,
+The prompts and options (`pairs_of`: 5 BBH tasks, a seeded 10 examples each, every option) are also the manual
+peer test's (tests/udfs/test_cot_peer_real_models.py imports them from here). Four float32 scorings: ours (udfs.options.score_options, the CoT job's path,
 batch 32 and batch 1) and lm-eval's (HFLM.loglikelihood, batch 8 and batch 1); one float64 reference (the same
 weights cast to float64, `[prefix] + context + option` in one unpadded forward per pair, the option's tokens
 summed). Prints max / mean |difference| of every pairing, in nats. A gap that both sides share against float64

@@ -8,6 +8,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from typing import Literal, get_args
+
+# How a sampled chain's answer is read (udfs.sampling.final_answer); settings type sample.answer_rule with it.
+AnswerRule = Literal["final", "last_number"]
+ANSWER_RULES: tuple[str, ...] = get_args(AnswerRule)
 
 DIRECT_SUFFIX = "\n[ANSWER] "  # official Direct prompt: source + this
 COT_TRIGGER = "\n\nLet's think step by step.\n"  # official CoT prompt: source + this

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from udfs.cot_text import boxed_answer, extract_answer, outside_code, parse_number
+from udfs.cot_text import ANSWER_RULES, boxed_answer, extract_answer, outside_code, parse_number
 from udfs.generate import Generation, generate
 from udfs.model_udf import model_udf, narrowed
 
@@ -30,9 +30,6 @@ class Drawn:
 
 def prompt_for(template: str, question: str) -> str:
     return template.replace("{question}", question.strip())
-
-
-ANSWER_RULES = ("final", "last_number")
 
 
 def final_answer(text: str | None, indicators: Sequence[str], rule: str = "final") -> str | None:

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from jobs.infra.config import ModelRef, Section
 from schemas import metrics as MR
+from udfs.cot_text import AnswerRule
 
 
 class SelectSettings(Section):
@@ -70,7 +71,7 @@ class SampleSettings(Section):
     # whose numbers are not its answer (docs/META_EVAL.md). On plain prose both rules agree; `last_number` is the
     # rule before, kept for comparison.
     answer_indicators: list[str] = Field(default_factory=lambda: ["answer is", "A:"])
-    answer_rule: Literal["final", "last_number"] = "final"
+    answer_rule: AnswerRule = "final"
     model: ModelRef = ModelRef(path="models/tiny-t5", family="seq2seq")
     max_length: int = Field(512, ge=8)  # prompt + new tokens (causal) / prompt (seq2seq), as udfs.generate
     # Generation batches: the k samples and the greedy decode of many questions share a batch of at most

@@ -10,17 +10,25 @@ in docs/COT_PROTOCOL.md "Peer check on real models".
 
 from __future__ import annotations
 
-import random
+import importlib.util
 
 import pytest
+
+from jobs.infra.config import PROJECT_ROOT
 
 pytest.importorskip("lm_eval")
 
 PEER_ABS = 1e-4
-TASKS = ("date_understanding", "disambiguation_qa", "logical_deduction_five_objects", "movie_recommendation",
-         "geometric_shapes")  # fmt: skip
-PER_TASK = 10  # a seeded choice per task: 10 x (6 + 3 + 5 + 5-6 + 7-11) options, over 200 scorings
 MODELS = (("gemma3-270m", False), ("qwen2.5-coder-0.5b-instruct", True))
+
+
+def peer_gap():
+    """bench/peer_gap.py, the one place the check's prompts are chosen (5 BBH tasks, a seeded 10 examples each:
+    10 x (6 + 3 + 5 + 5-6 + 7-11) options, over 200 scorings); it explains the gap this test bounds."""
+    spec = importlib.util.spec_from_file_location("peer_gap", PROJECT_ROOT / "bench" / "peer_gap.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.manual
@@ -30,25 +38,16 @@ def test_real_model_direct_scores_equal_lm_eval(name, chat):
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
 
-    from jobs.cot.data import load_bbh
-    from jobs.cot.settings import CotSettings
-    from jobs.infra.config import resolve_path
     from udfs import options as O
-    from udfs.cot_prompt import build_prompts
     from udfs.runtime import ModelUnavailable, load_model, registry_folder
 
     try:
         folder = registry_folder(name)
     except ModelUnavailable as err:
         pytest.skip(str(err))
-    cfg = CotSettings()
-    rows = load_bbh(resolve_path(cfg.data_root), TASKS)
-    rng = random.Random(0)
-    chosen = [r for t in TASKS for r in rng.sample([x for x in rows if x["task"] == t], PER_TASK)]
+    bench = peer_gap()
     model, tok = load_model(str(folder), "causal", "cpu", "fp32")
-    prompts = [p for p, _ in build_prompts(tok, [r["source"] for r in chosen], cfg.direct_suffix, cfg.max_length,
-                                           chat=chat)]  # fmt: skip
-    options = [list(r["options"]) for r in chosen]
+    prompts, options = bench.pairs_of(tok, chat)
     ours = [s.sum_logprob for row in O.score_options(model, tok, "causal", prompts, options, move_space=True)
             for s in row]  # fmt: skip
     lm = HFLM(pretrained=str(folder), backend="causal", device="cpu", dtype="float32", batch_size=8)
@@ -56,6 +55,6 @@ def test_real_model_direct_scores_equal_lm_eval(name, chat):
     requests = [Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=i) for i, pair in enumerate(pairs)]
     theirs = [logprob for logprob, _ in lm.loglikelihood(requests, disable_tqdm=True)]
     worst = max(abs(a - b) for a, b in zip(ours, theirs, strict=True))
-    print(f"\n{name}: {len(pairs)} option scorings over {len(TASKS)} BBH tasks, max |ours - lm-eval| = {worst:.2e} nats")
+    print(f"\n{name}: {len(pairs)} option scorings over {len(bench.TASKS)} BBH tasks, max |ours - lm-eval| = {worst:.2e} nats")
     assert len(pairs) >= 200
     assert ours == pytest.approx(theirs, abs=PEER_ABS, rel=0)
