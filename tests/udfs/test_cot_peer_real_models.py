@@ -19,7 +19,11 @@ from jobs.infra.config import PROJECT_ROOT
 pytest.importorskip("lm_eval")
 
 PEER_ABS = 1e-4
-MODELS = (("gemma3-270m", False), ("qwen2.5-coder-0.5b-instruct", True))
+# (registry name, chat template, tolerance in nats). Qwen's is wider, by measurement: bench/peer_gap.py puts ours
+# within 8.4e-6 nats of a float64 one-pair-at-a-time reference (batch 32 and 1) and lm-eval's HFLM 1.06e-4 (mean),
+# 1.25e-4 (max) from it at batch 8 and 1 alike, so the 1.28e-4 between the two is lm-eval's offset, not ours
+# (docs/COT_PROTOCOL.md "Peer check on real models").
+MODELS = (("gemma3-270m", False, PEER_ABS), ("qwen2.5-coder-0.5b-instruct", True, 1.5e-4))
 
 
 def peer_gap():
@@ -33,8 +37,8 @@ def peer_gap():
 
 @pytest.mark.manual
 @pytest.mark.dataset("bbh")
-@pytest.mark.parametrize(("name", "chat"), MODELS)
-def test_real_model_direct_scores_equal_lm_eval(name, chat):
+@pytest.mark.parametrize(("name", "chat", "tolerance"), MODELS)
+def test_real_model_direct_scores_equal_lm_eval(name, chat, tolerance):
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
 
@@ -57,4 +61,4 @@ def test_real_model_direct_scores_equal_lm_eval(name, chat):
     worst = max(abs(a - b) for a, b in zip(ours, theirs, strict=True))
     print(f"\n{name}: {len(pairs)} option scorings over {len(bench.TASKS)} BBH tasks, max |ours - lm-eval| = {worst:.2e} nats")
     assert len(pairs) >= 200
-    assert ours == pytest.approx(theirs, abs=PEER_ABS, rel=0)
+    assert ours == pytest.approx(theirs, abs=tolerance, rel=0)
