@@ -28,9 +28,9 @@ from test_package import build_wheel
 from jobs.infra.config import PROJECT_ROOT
 from jobs.infra.stage import declared
 
-# Manual until it has passed on a quiet machine (issue 46 stays open for it): it did not complete a run on the
-# loaded 2-core host of the session that wrote it, and CI must not fail on an unverified test.
-pytestmark = [pytest.mark.slow, pytest.mark.manual]
+# Slow: ~220 s on a quiet 2-core host (2026-12-07: the fresh venv 4 s, `receval --help` 8 s, the installed night
+# and the in-process reference night 208 s).
+pytestmark = [pytest.mark.slow]
 
 
 def summary_blocks(out: str) -> tuple[list[str], list[str]]:
@@ -39,7 +39,7 @@ def summary_blocks(out: str) -> tuple[list[str], list[str]]:
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if "Nightly pipeline summary" in line)
     tables = [line for line in lines[start:start + 20] if line.startswith("│")]
-    first = next(i for i, line in enumerate(lines) if line.startswith("Scores by label"))
+    first = next(i for i, line in enumerate(lines) if line.strip() == "Scores by label")  # a centred title
     labels = []
     for line in lines[first + 1:]:
         if line.startswith(("pass rate", "slowest")):
@@ -120,4 +120,5 @@ def test_receval_pipeline_from_an_empty_folder_prints_the_make_run_summary(fresh
     assert got_labels == want_labels
     assert any(re.match(r"│ chains\s+│\s+48 │", line) for line in got_tables)
     assert len([line for line in got_labels if line.startswith("│")]) == 8  # datasets x labels, as in the README
-    assert_lakes_equal(spark, reference / "lake", empty / "lake")
+    # The same input files, read from the installed package's folder and from the checkout's.
+    assert_lakes_equal(spark, reference / "lake", empty / "lake", by_file_name=True)
