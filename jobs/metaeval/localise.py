@@ -158,6 +158,27 @@ def with_combination(items: list[Item], members: Sequence[str], calibration: str
     return used
 
 
+# The ranking figures of a row that has predictions but no step score to rank (the checks' rows).
+NOT_RANKED = {LO.AUROC: None, LO.AUROC_LOW: None, LO.AUROC_HIGH: None, LO.N_POSITIVE: 0, LO.N_NEGATIVE: 0,
+              LO.HIT_RATE: None, LO.RANDOM_HIT_RATE: None}
+
+
+def subset_rows(metric: str, subset: str, threshold: float, chains: Sequence[tuple[str, int]],
+                predicted: Sequence[int], ranked: dict, cfg: LocaliseSettings) -> tuple[dict, list[dict]]:
+    """One `localisation` row (ProcessBench's figures from `predicted`, then `ranked`: AUROC and hit rates) and
+    the subset's `localisation_predictions` rows; `chains` are (chain_id, label) in `predicted`'s order."""
+    fig = L.figures(predicted, [label for _, label in chains])
+    result = {
+        LO.DATASET: subset, LO.METRIC: metric, LO.CALIBRATION: cfg.calibration, LO.THRESHOLD: threshold,
+        LO.N: len(chains), LO.N_ERROR: fig.n_error, LO.N_CORRECT: fig.n_correct,
+        LO.ACC_ERROR: fig.acc_error, LO.ACC_CORRECT: fig.acc_correct, LO.F1: fig.f1, **ranked,
+    }
+    rows = [{LO.CHAIN_ID: chain_id, LO.DATASET: subset, LO.METRIC: metric, LO.PREDICTED: p, LO.THRESHOLD: threshold,
+             LO.LABEL: label, LO.CALIBRATION: cfg.calibration}
+            for (chain_id, label), p in zip(chains, predicted, strict=True)]
+    return result, rows
+
+
 def evaluate(items: list[Item], metrics: Sequence[str], cfg: LocaliseSettings) -> Evaluation:
     """Driver maths over collected chains: per metric, the threshold from the calibration subset's chains only,
     then every subset's figures and each chain's prediction with it. Pure (no Spark)."""
@@ -166,7 +187,6 @@ def evaluate(items: list[Item], metrics: Sequence[str], cfg: LocaliseSettings) -
         raise ValueError(f"localise.calibration: no scored, labelled chain of {cfg.calibration!r} (subsets with "
                          f"scored chains: {subsets}); score it, or choose another calibration subset")
     results, predictions, thresholds, skipped = [], [], {}, []
-    chosen: dict[str, dict[str, int]] = {}  # metric -> chain id -> predicted, for the checks' rows
     for metric in metrics:
         mine = [it for it in items if metric in it.scores]
         calib = [it for it in mine if it.dataset == cfg.calibration]
@@ -180,24 +200,17 @@ def evaluate(items: list[Item], metrics: Sequence[str], cfg: LocaliseSettings) -
             by_subset[it.dataset].append(it)
         for subset, group in sorted(by_subset.items()):
             chains, labels = [it.scores[metric] for it in group], [it.label for it in group]
-            predicted = [L.predicted_error(c, threshold) for c in chains]
-            chosen.setdefault(metric, {}).update((it.chain_id, p) for it, p in zip(group, predicted, strict=True))
-            fig = L.figures(predicted, labels)
             auc = L.step_auroc(chains, labels, cfg.bootstrap_resamples, cfg.seed, cfg.ci_level)
             hit, chance = L.hit_rate(chains, labels)
-            results.append({
-                LO.DATASET: subset, LO.METRIC: metric, LO.CALIBRATION: cfg.calibration, LO.THRESHOLD: threshold,
-                LO.N: len(group), LO.N_ERROR: fig.n_error, LO.N_CORRECT: fig.n_correct,
-                LO.ACC_ERROR: fig.acc_error, LO.ACC_CORRECT: fig.acc_correct, LO.F1: fig.f1,
-                LO.AUROC: auc.auroc, LO.AUROC_LOW: auc.low, LO.AUROC_HIGH: auc.high,
-                LO.N_POSITIVE: auc.n_positive, LO.N_NEGATIVE: auc.n_negative,
-                LO.HIT_RATE: hit, LO.RANDOM_HIT_RATE: chance,
-            })
-            predictions += [{LO.CHAIN_ID: it.chain_id, LO.DATASET: subset, LO.METRIC: metric, LO.PREDICTED: p,
-                             LO.THRESHOLD: threshold, LO.LABEL: it.label, LO.CALIBRATION: cfg.calibration}
-                            for it, p in zip(group, predicted, strict=True)]
+            ranked = {LO.AUROC: auc.auroc, LO.AUROC_LOW: auc.low, LO.AUROC_HIGH: auc.high,
+                      LO.N_POSITIVE: auc.n_positive, LO.N_NEGATIVE: auc.n_negative,
+                      LO.HIT_RATE: hit, LO.RANDOM_HIT_RATE: chance}
+            result, rows = subset_rows(metric, subset, threshold, [(it.chain_id, it.label) for it in group],
+                                       [L.predicted_error(c, threshold) for c in chains], ranked, cfg)
+            results.append(result)
+            predictions += rows
     if cfg.check_first:
-        more = checked_first(items, chosen, thresholds, cfg)
+        more = checked_first(items, predictions, thresholds, cfg)
         results += more.results
         predictions += more.predictions
     return Evaluation(results, predictions, thresholds, skipped)
@@ -210,38 +223,33 @@ def first_checked(item: Item, checks: dict[str, float]) -> int:
     return min((f for f in flags if f != L.NO_ERROR), default=L.NO_ERROR)
 
 
-def checked_first(items: list[Item], chosen: dict[str, dict[str, int]], thresholds: dict[str, float],
+def checked_first(items: list[Item], predictions: Sequence[dict], thresholds: dict[str, float],
                   cfg: LocaliseSettings) -> Evaluation:
-    """`checks` and `checks_then_<m>` rows (localise.check_first): the first step a check flags, else m's own
-    prediction. Predictions are all these rows have: their AUROC and hit rates are left empty (no step score to
-    rank), their threshold is m's (the checks' own when the checks are alone and one)."""
+    """`checks` and `checks_then_<m>` rows (localise.check_first) from the metrics' own `predictions`: the first
+    step a check flags, else m's prediction. Predictions are all these rows have: their AUROC and hit rates are
+    left empty (no step score to rank), their threshold is m's (the checks' own when the checks are alone and
+    one)."""
     checks = cfg.check_first
     flagged = {it.chain_id: first_checked(it, checks) for it in items}
     alone = next(iter(checks.values())) if len(checks) == 1 else math.nan
-    members = {LO.CHECKS: ({it.chain_id: L.NO_ERROR for it in items}, alone)}
-    members |= {f"{LO.CHECKS_THEN}{m}": (chosen[m], thresholds[m]) for m in chosen if m not in checks}
-    results, predictions = [], []
-    by_id = {it.chain_id: it for it in items}
-    for name, (fallback, threshold) in members.items():
-        by_subset: dict[str, list[Item]] = defaultdict(list)
-        for chain_id in fallback:
-            by_subset[by_id[chain_id].dataset].append(by_id[chain_id])
+    # row name -> (threshold, subset -> [(chain_id, label, the prediction without the checks)])
+    members: dict[str, tuple[float, dict[str, list]]] = {LO.CHECKS: (alone, defaultdict(list))}
+    for it in items:
+        members[LO.CHECKS][1][it.dataset].append((it.chain_id, it.label, L.NO_ERROR))
+    for p in predictions:
+        if p[LO.METRIC] not in checks:
+            name = f"{LO.CHECKS_THEN}{p[LO.METRIC]}"
+            _, by_subset = members.setdefault(name, (thresholds[p[LO.METRIC]], defaultdict(list)))
+            by_subset[p[LO.DATASET]].append((p[LO.CHAIN_ID], p[LO.LABEL], p[LO.PREDICTED]))
+    results, rows = [], []
+    for name, (threshold, by_subset) in members.items():
         for subset, group in sorted(by_subset.items()):
-            predicted = [flagged[it.chain_id] if flagged[it.chain_id] != L.NO_ERROR else fallback[it.chain_id]
-                         for it in group]
-            labels = [it.label for it in group]
-            fig = L.figures(predicted, labels)
-            results.append({
-                LO.DATASET: subset, LO.METRIC: name, LO.CALIBRATION: cfg.calibration, LO.THRESHOLD: threshold,
-                LO.N: len(group), LO.N_ERROR: fig.n_error, LO.N_CORRECT: fig.n_correct,
-                LO.ACC_ERROR: fig.acc_error, LO.ACC_CORRECT: fig.acc_correct, LO.F1: fig.f1,
-                LO.AUROC: None, LO.AUROC_LOW: None, LO.AUROC_HIGH: None, LO.N_POSITIVE: 0, LO.N_NEGATIVE: 0,
-                LO.HIT_RATE: None, LO.RANDOM_HIT_RATE: None,
-            })
-            predictions += [{LO.CHAIN_ID: it.chain_id, LO.DATASET: subset, LO.METRIC: name, LO.PREDICTED: p,
-                             LO.THRESHOLD: threshold, LO.LABEL: it.label, LO.CALIBRATION: cfg.calibration}
-                            for it, p in zip(group, predicted, strict=True)]
-    return Evaluation(results, predictions, {}, [])
+            predicted = [flagged[chain_id] if flagged[chain_id] != L.NO_ERROR else own for chain_id, _, own in group]
+            result, more = subset_rows(name, subset, threshold, [(c, label) for c, label, _ in group], predicted,
+                                       NOT_RANKED, cfg)
+            results.append(result)
+            rows += more
+    return Evaluation(results, rows, {}, [])
 
 
 @dataclass(frozen=True)
