@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import atexit
 import functools
+import importlib.util
 import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -44,6 +46,16 @@ def tiny_models() -> dict[str, Path]:
 
     with FileLock(SHARED_LOCK):
         return build_all(PROJECT_ROOT / "models")
+
+
+def load_script(path: Path) -> ModuleType:
+    """A script outside the packages (bench/, .ci/, a test-data generator) imported from its path, registered
+    under its file name (dataclasses and pickling look a module up by name)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

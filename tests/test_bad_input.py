@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import folder_settings
+from conftest import folder_settings, load_script
 from pyspark.sql import functions as F
 
 from jobs.infra.config import Settings
@@ -23,15 +21,7 @@ from schemas import quarantine as Q
 CORPUS_DIR = Path(__file__).resolve().parent / "data" / "bad_input"
 
 
-def load_corpus_module():
-    spec = importlib.util.spec_from_file_location("make_bad_input", CORPUS_DIR / "make_bad_input.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["make_bad_input"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-corpus_module = load_corpus_module()
+corpus_module = load_script(CORPUS_DIR / "make_bad_input.py")
 
 
 def build_corpus(folder: Path) -> Path:

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 CI = Path(__file__).resolve().parents[1] / ".ci"
-spec = importlib.util.spec_from_file_location("ci_budget", CI / "budget.py")
-budget = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(budget)
+budget = load_script(CI / "budget.py")
 
 
 def test_slowdown_is_the_probes_mean_over_the_quiet_probe_and_never_below_one():

@@ -3,20 +3,17 @@ targets on it (and, with the dataset, on EntailmentBank task_1 test)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
+from conftest import load_script
 
 from jobs.infra.config import PROJECT_ROOT, Settings, load_settings
 from jobs.receval import steps as J
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("rcu_bench", PROJECT_ROOT / "bench" / "rcu_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(PROJECT_ROOT / "bench" / "rcu_bench.py")
 
 
 def test_natural_set_is_well_formed():

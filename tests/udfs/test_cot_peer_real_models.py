@@ -10,9 +10,8 @@ in docs/COT_PROTOCOL.md "Peer check on real models".
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
+from conftest import load_script
 
 from jobs.infra.config import PROJECT_ROOT
 
@@ -29,10 +28,7 @@ MODELS = (("gemma3-270m", False, PEER_ABS), ("qwen2.5-coder-0.5b-instruct", True
 def peer_gap():
     """bench/peer_gap.py, the one place the check's prompts are chosen (5 BBH tasks, a seeded 10 examples each:
     10 x (6 + 3 + 5 + 5-6 + 7-11) options, over 200 scorings); it explains the gap this test bounds."""
-    spec = importlib.util.spec_from_file_location("peer_gap", PROJECT_ROOT / "bench" / "peer_gap.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(PROJECT_ROOT / "bench" / "peer_gap.py")
 
 
 @pytest.mark.manual
