@@ -380,65 +380,158 @@ def share_prefixes(encoded: Sequence[Encoded], min_shared: int = 2) -> tuple[lis
     return groups, singles
 
 
+@dataclass(frozen=True)
+class Packed:
+    """One prefix group laid out as a single sequence: the context once, then every row's own tokens.
+
+    `segment` is 0 on the context and r + 1 on row r; `visible` is, per position of row r, how much of the
+    context that row reads (its shared prefix), and `positions` restarts each row where its shared prefix ends,
+    so every token sits at the position it has in the pair scored on its own. `scored` lists, per pair with a
+    target, the packed positions whose logits score its target tokens and those tokens.
+    """
+
+    ids: list[int]
+    positions: list[int]
+    segment: list[int]
+    visible: list[int]
+    scored: list[tuple[int, list[int], list[int]]]  # (pair, packed positions, target ids)
+
+
+def pack(encoded: Sequence[Encoded], group: PrefixGroup) -> Packed:
+    """A group as one packed sequence (see `Packed`)."""
+    context = list(group.context)
+    ids, positions = list(context), list(range(len(context)))
+    segment, visible = [0] * len(context), list(range(1, len(context) + 1))
+    scored = []
+    for r, (i, v) in enumerate(group.rows, start=1):
+        e = encoded[i]
+        if not e.target_ids:
+            continue
+        seq = (e.source_ids + e.target_ids)[v:-1]  # the last target token predicts nothing
+        start = len(ids)
+        ids += seq
+        positions += range(v, v + len(seq))
+        segment += [r] * len(seq)
+        visible += [v] * len(seq)
+        first = start + len(seq) - len(e.target_ids)  # the logit there scores the first target token
+        scored.append((i, list(range(first, first + len(e.target_ids))), list(e.target_ids)))
+    return Packed(ids, positions, segment, visible, scored)
+
+
+def packed_masks(segment: torch.Tensor, visible: torch.Tensor, positions: torch.Tensor, window: int | None,
+                 start: int = 0, stop: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(batch, 1, stop - start, stop) boolean masks of queries start..stop-1 over keys 0..stop-1, True where
+    query q may attend key k, for full and for sliding layers (None without a window).
+
+    A context position sees the context up to itself; a row position sees the first `visible` context positions
+    and its own row up to itself; padding (segment -1) sees only itself, so no softmax row is empty. A sliding
+    layer also needs position(q) - position(k) < window: the distance the pair scored alone would have, not the
+    distance in the packed sequence (which counts the context and the other rows in between).
+    """
+    stop = segment.shape[1] if stop is None else stop
+    queries = torch.arange(start, stop, device=segment.device)[None, :, None]
+    keys = torch.arange(stop, device=segment.device)[None, None, :]
+    q_seg, k_seg = segment[:, start:stop, None], segment[:, None, :stop]
+    in_context = (q_seg >= 0) & (k_seg == 0) & (keys < visible[:, start:stop, None])
+    own_row = (q_seg == k_seg) & (q_seg > 0) & (keys <= queries)
+    pad_self = (q_seg < 0) & (keys == queries)
+    full = in_context | own_row | pad_self
+    if window is None:
+        return full[:, None], None
+    near = (positions[:, start:stop, None] - positions[:, None, :stop]) < window
+    return full[:, None], (full & (near | pad_self))[:, None]
+
+
+def _attention_mask(model: Any, full: torch.Tensor, sliding: torch.Tensor | None) -> Any:
+    """The masks in the form the model takes: boolean for sdpa/flex, additive for eager; a mapping by layer type
+    where the model mixes full and sliding layers (Gemma 2/3, Qwen2 with both), the sliding one where every layer
+    slides (Mistral)."""
+    config = model.config
+    if getattr(config, "_attn_implementation", "sdpa") == "eager":
+        dtype = next(model.parameters()).dtype
+
+        def convert(m: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, torch.finfo(dtype).min)
+    else:
+        def convert(m: torch.Tensor) -> torch.Tensor:
+            return m
+    if sliding is None:
+        return convert(full)
+    types = set(getattr(config, "layer_types", None) or ["sliding_attention"])
+    if types == {"sliding_attention"}:
+        return convert(sliding)
+    return {"full_attention": convert(full), "sliding_attention": convert(sliding)}
+
+
 @torch.inference_mode()
-def shared_prefix_logprobs(
+def packed_logprobs(
     model: Any, encoded: Sequence[Encoded], groups: Sequence[PrefixGroup], pad: int, batch_size: int,
     device: str = "cpu", sort: bool = True, stats: Stats | None = None, max_tokens: int | None = None,
 ) -> dict[int, float]:  # fmt: skip
-    """Summed target log-probs of every grouped pair: each context runs once, each row continues from it."""
-    sums: dict[int, float] = {}
+    """Summed target log-probs of every grouped pair from one pass per group: the context and all its rows in
+    one packed sequence (`pack`) whose attention mask lets each row see its shared prefix and itself only.
+
+    Every position runs once, so a chain's n+1 L(k) passes cost its tokens plus n short rows, not n prefixes; the
+    mask uses each token's own position, so sliding-window layers see exactly what the pair scored alone sees,
+    however long the chain. Long packed sequences run in blocks of queries over a key/value cache that keeps
+    every position (`max_tokens` queries a block, default 2,048): attention memory stays blocks x length.
+    """
+    sums: dict[int, float] = {i: 0.0 for g in groups for i, _ in g.rows if not encoded[i].target_ids}
     stats = stats if stats is not None else Stats()
-    for gidx in length_batches([len(g.context) for g in groups], batch_size, sort, max_tokens):
-        batch = [groups[k] for k in gidx]
-        width = max(len(g.context) for g in batch)
+    packs = [pack(encoded, g) for g in groups]
+    packs = [p for p in packs if p.scored]
+    window = sliding_window(model)
+    for idx in length_batches([len(p.ids) for p in packs], batch_size, sort, max_tokens):
+        batch = [packs[k] for k in idx]
+        width = max(len(p.ids) for p in batch)
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for b, g in enumerate(batch):  # left padding: every context ends in the last column
-            ids[b, width - len(g.context) :] = torch.tensor(g.context)
-            mask[b, width - len(g.context) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        kwargs = {"input_ids": ids.to(device), "attention_mask": mask.to(device),
-                  "position_ids": positions.to(device), "use_cache": True}
-        cache = causal_forward(model, kwargs, 1).cache
-        stats.add(mask)
-        # row: (context row b, pair i, visible v); it runs source[v:] + target[:-1] and scores the target
-        rows = [(b, i, v) for b, g in enumerate(batch) for i, v in g.rows if encoded[i].target_ids]
-        for i in (i for g in batch for i, _ in g.rows if not encoded[i].target_ids):
-            sums[i] = 0.0
-        seqs = [(encoded[i].source_ids + encoded[i].target_ids)[v:-1] for _, i, v in rows]
-        # A row attends to its context's cache too: the budget counts both widths.
-        for chunk in length_batches([width + len(x) for x in seqs], batch_size, sort, max_tokens):
-            t_width = max(len(seqs[r]) for r in chunk)
-            keep = max(len(encoded[rows[r][1]].target_ids) for r in chunk)
-            inp = torch.full((len(chunk), t_width), pad, dtype=torch.long)
-            row_mask = torch.zeros((len(chunk), t_width), dtype=torch.long)
-            seen = torch.zeros((len(chunk), width), dtype=torch.long)
-            labels = torch.zeros((len(chunk), keep), dtype=torch.long)
-            label_mask = torch.zeros((len(chunk), keep), dtype=torch.bool)
-            for c, r in enumerate(chunk):
-                b, i, v = rows[r]
-                seq, tgt = seqs[r], encoded[i].target_ids
-                inp[c, t_width - len(seq) :] = torch.tensor(seq)  # left padded: targets end in the last column
-                row_mask[c, t_width - len(seq) :] = 1
-                start = width - len(batch[b].context)
-                seen[c, start : start + v] = 1  # the shared prefix only, not the rest of the context
-                labels[c, keep - len(tgt) :] = torch.tensor(tgt)
-                label_mask[c, keep - len(tgt) :] = True
-            offset = torch.tensor([rows[r][2] for r in chunk]).unsqueeze(1)
-            row_positions = offset + (row_mask.cumsum(-1) - 1).clamp(min=0)
-            index = torch.tensor([rows[r][0] for r in chunk], device=device)
+        positions = torch.zeros((len(batch), width), dtype=torch.long)
+        segment = torch.full((len(batch), width), -1, dtype=torch.long)
+        visible = torch.zeros((len(batch), width), dtype=torch.long)
+        for b, p in enumerate(batch):  # right padding: a pad position sees only itself and nothing sees it
+            n = len(p.ids)
+            ids[b, :n], positions[b, :n] = torch.tensor(p.ids), torch.tensor(p.positions)
+            segment[b, :n], visible[b, :n] = torch.tensor(p.segment), torch.tensor(p.visible)
+        stats.add(segment >= 0)
+        # position -> (pair, target token) per batch row: the logits kept are the union over the batch's rows
+        wanted = [{q: (i, t) for i, qs, target in p.scored for q, t in zip(qs, target, strict=True)} for p in batch]
+        block = max(1, (max_tokens or 2048) // len(batch))
+        cache = None
+        if width > block:
+            from transformers import DynamicCache
+
+            cache = DynamicCache()  # no config: every layer keeps every position (the mask does the sliding)
+        for start in range(0, width, block):
+            stop = min(width, start + block)
+            need = sorted({q for w in wanted for q in w if start <= q < stop})
+            full, sliding = packed_masks(segment, visible, positions, window, start, stop)
             kwargs = {
-                "input_ids": inp.to(device),
-                "attention_mask": torch.cat([seen, row_mask], dim=1).to(device),
-                "position_ids": row_positions.to(device),
-                "cache": select_cache(cache, index, model.config),
-                "use_cache": True,
+                "input_ids": ids[:, start:stop].to(device),
+                "position_ids": positions[:, start:stop].to(device),
+                "attention_mask": _attention_mask(
+                    model, full.to(device), None if sliding is None else sliding.to(device)
+                ),
+                "use_cache": cache is not None,
             }
-            logits = causal_forward(model, kwargs, keep).logits
-            stats.add(row_mask)
-            logp = token_logprobs(logits, labels.to(device), label_mask.to(device)).sum(-1).double().cpu().tolist()
-            for r, total in zip(chunk, logp, strict=True):
-                sums[rows[r][1]] = total
+            if cache is not None:
+                kwargs["cache"] = cache
+            if not need:  # a block of context only: it fills the cache, one logit column is the least to keep
+                model(**kwargs, logits_to_keep=1)
+                continue
+            labels = torch.zeros((len(batch), len(need)), dtype=torch.long)
+            label_mask = torch.zeros((len(batch), len(need)), dtype=torch.bool)
+            for b, w in enumerate(wanted):
+                for c, q in enumerate(need):
+                    if q in w:
+                        labels[b, c], label_mask[b, c] = w[q][1], True
+            keep = torch.tensor([q - start for q in need], device=device)
+            logits = model(**kwargs, logits_to_keep=keep).logits
+            logp = token_logprobs(logits, labels.to(device), label_mask.to(device)).double().cpu()
+            for b, w in enumerate(wanted):
+                for c, q in enumerate(need):
+                    if q in w:
+                        i = w[q][0]
+                        sums[i] = sums.get(i, 0.0) + float(logp[b, c])
     return sums
 
 
@@ -465,41 +558,15 @@ def sliding_window(model: Any) -> int | None:
     return window
 
 
-def within_window(model: Any, encoded: Sequence[Encoded], groups: Sequence[PrefixGroup]) -> list[PrefixGroup]:
-    """The groups that can share their context exactly under the model's sliding window (all without one).
-
-    A sliding-window layer's window counts cached positions, not the row's own: contexts are batched to end in
-    one column, and each row continues after it, left-padded to its chunk's longest row, so a query can sit as
-    far as (longest context) + (longest row) positions after a key it needs. Past the window it no longer sees
-    that key, which the same pass run whole would (bench/device_gpu_path.py found it: a tiny Gemma 3 with a
-    16-position window scored shared L(k) and option passes 0.2-1.2% apart from separate scoring). So the widest
-    groups are left out until the longest kept context plus the longest kept row fits the window; their passes
-    are scored on their own.
-    """
-    window = sliding_window(model)
-    if window is None:
-        return list(groups)
-
-    def row(g: PrefixGroup) -> int:  # the longest sequence a row of the group runs after the context
-        return max(encoded[i].length - v - 1 for i, v in g.rows)
-
-    kept = sorted(groups, key=lambda g: len(g.context) + row(g))
-    while kept and max(len(g.context) for g in kept) + max(row(g) for g in kept) >= window:
-        kept.pop()
-    return kept
-
-
 def logprob_sums(
     model: Any, family: Family, encoded: Sequence[Encoded], pad: int, batch_size: int, device: str = "cpu",
     padding_side: str = "right", sort: bool = True, groups: Sequence[PrefixGroup] = (), stats: Stats | None = None,
     max_tokens: int | None = None,
 ) -> dict[int, float]:  # fmt: skip
-    """Summed target log-probs of every encoded pair, by index: pairs in `groups` (causal only) continue from
-    their group's cached context (groups that overrun a sliding window excepted), the others are batched on
-    their own."""
+    """Summed target log-probs of every encoded pair, by index: pairs in `groups` (causal only) are scored in
+    one packed pass per group (`packed_logprobs`), the others are batched on their own."""
     stats = stats if stats is not None else Stats()
-    groups = within_window(model, encoded, groups)
-    sums = shared_prefix_logprobs(model, encoded, groups, pad, batch_size, device, sort, stats, max_tokens) if groups else {}
+    sums = packed_logprobs(model, encoded, groups, pad, batch_size, device, sort, stats, max_tokens) if groups else {}
     alone = [i for i in range(len(encoded)) if i not in sums]
     build = causal_batch if family == "causal" else seq2seq_batch
     for idx in length_batches([encoded[i].length for i in alone], batch_size, sort, max_tokens):

@@ -253,9 +253,9 @@ def _window_pairs() -> tuple[list[str], list[str]]:
 @pytest.mark.parametrize("window", [8, 60, 80, 4096])
 @pytest.mark.parametrize("batch_size", [1, 4])
 def test_shared_prefix_with_a_sliding_window_equals_separate_scoring(gpt2, window, batch_size):
-    """A sliding window counts cached positions: groups share their contexts only while the longest kept context
-    plus the longest kept row fits it; the rest are scored on their own, and every score equals separate
-    scoring (shared regardless, these passes scored up to 1% apart)."""
+    """Every group is packed into one pass whatever the window (the mask counts each token's own position), and
+    every score equals separate scoring; before packing, groups over the window had to be scored on their own
+    (shared regardless, these passes scored up to 1% apart)."""
     _, tok = gpt2
     model = _sliding(tok, window)
     assert loglik.sliding_window(model) == window
@@ -265,22 +265,79 @@ def test_shared_prefix_with_a_sliding_window_equals_separate_scoring(gpt2, windo
     got = loglik.score(model, tok, "causal", sources, targets, batch_size, share_prefix=True, stats=shared)
     for g, w in zip(got, want, strict=True):
         assert g.sum_logprob == loglik_approx(w.sum_logprob)
+    encoded = loglik.encode_pairs(tok, "causal", sources, targets, loglik.effective_limit(None, model, tok))
+    groups, single = loglik.share_prefixes(encoded)
+    assert len(groups) == 2
+    # Hand count: each context once, each row its source after the visible part plus its target but the last.
+    packed = sum(len(g.context) + sum(encoded[i].length - v - 1 for i, v in g.rows if encoded[i].target_ids)
+                 for g in groups)
+    assert shared.positions == packed + sum(encoded[i].length for i in single) < alone.positions
+
+
+def _long_chain(n: int) -> tuple[list[str], list[str]]:
+    """One chain's L(0..n) passes (pvi_prompts), steps of varied words so BPE merges differ across boundaries."""
+    from udfs import pvi_prompts as P
+
+    words = ["sun", "star", "light", "plants", "grow", "energy", "heat", "earth", "water", "so", "because"]
+    steps = [" ".join(words[(3 * k + j) % len(words)] for j in range(3 + k % 4)) + "." for k in range(n)]
+    reqs = P.chain_requests(steps, [[]] * n, [f"c{k}" for k in range(n)], "the sun shines")
+    pairs = list(dict.fromkeys((r.source, r.target) for r in reqs if r.kind in (P.IG_PREV, P.IG_CUR)))
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+@pytest.mark.parametrize("max_tokens", [None, 64])
+def test_one_pass_information_gain_equals_the_unbatched_reference_past_the_window(gpt2, max_tokens):
+    """A chain far longer than the sliding window (40 steps, ~230 tokens, window 16): its n+1 L(k) passes come from
+    one packed pass (in blocks of 64 query positions over a cache that keeps every position, when max_tokens=64),
+    and each equals the pair scored alone and unbatched within 1e-6 relative (the issue asks 1e-5)."""
+    _, tok = gpt2
+    model = _sliding(tok, 16)
+    sources, targets = _long_chain(40)
+    stats = loglik.Stats()
+    got = loglik.score(model, tok, "causal", sources, targets, 8, share_prefix=True, stats=stats, max_tokens=max_tokens)
     encoded = loglik.encode_pairs(tok, "causal", sources, targets, None)
-    groups = loglik.share_prefixes(encoded)[0]
-    kept = loglik.within_window(model, encoded, groups)
+    assert max(e.length for e in encoded) > 10 * 16
+    groups, single = loglik.share_prefixes(encoded)
+    assert len(groups) == 1 and len(groups[0].rows) == len(sources) - 1 and stats.forwards == 1 + bool(single)
+    # linear: the chain's tokens once plus n short rows, against the n+1 prefixes of separate passes
+    assert stats.positions < sum(e.length for e in encoded) / 10
+    for s, t, g in zip(sources, targets, got, strict=True):
+        assert g.sum_logprob == loglik_approx(sum(direct_causal(model, tok, s, t)))
 
-    def row(g):
-        return max(encoded[i].length - v - 1 for i, v in g.rows)
 
-    spans = sorted((len(g.context), row(g)) for g in groups)
-    assert len(groups) == 2 and spans[0][1] > spans[1][1]  # the short context has the longer rows
-    assert not kept or max(len(g.context) for g in kept) + max(row(g) for g in kept) < window
-    if window == 8:  # every pass is longer than 8 positions: nothing shared, the same work as alone
-        assert kept == [] and shared.positions == alone.positions
-    elif window in (60, 80):  # 80: each group alone fits, together they would not: the wider one is left out
-        assert len(kept) == 1 and all(len(g.context) + row(g) < window for g in groups) == (window == 80)
-    else:
-        assert len(kept) == 2 and shared.positions < alone.positions
+def test_packed_masks_hand_values():
+    """A context of 3 and two rows: row 1 sees 2 context tokens, row 2 sees 1; one pad; window 2 on positions."""
+    segment = torch.tensor([[0, 0, 0, 1, 1, 2, -1]])
+    visible = torch.tensor([[1, 2, 3, 2, 2, 1, 0]])
+    positions = torch.tensor([[0, 1, 2, 2, 3, 1, 0]])
+    full, sliding = loglik.packed_masks(segment, visible, positions, window=2)
+    want = torch.tensor([
+        [1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 0, 1, 0, 0, 0],  # row 1 at position 2: context 0..1 and itself
+        [1, 1, 0, 1, 1, 0, 0],
+        [1, 0, 0, 0, 0, 1, 0],  # row 2 at position 1: context 0 and itself
+        [0, 0, 0, 0, 0, 0, 1],  # padding: itself only
+    ], dtype=torch.bool)  # fmt: skip
+    assert torch.equal(full[0, 0], want)
+    # window 2: a query sees keys whose position is at most 1 before its own
+    near = torch.tensor([[1, 0, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0], [0, 1, 1, 0, 0, 0, 0], [0, 1, 0, 1, 0, 0, 0],
+                         [0, 0, 0, 1, 1, 0, 0], [1, 0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 0, 1]], dtype=torch.bool)
+    assert torch.equal(sliding[0, 0], near)
+    block, _ = loglik.packed_masks(segment, visible, positions, None, 3, 5)  # queries 3..4 over keys 0..4
+    assert torch.equal(block[0, 0], want[3:5, :5])
+
+
+def test_packed_pass_with_eager_attention_equals_sdpa(gpt2):
+    """The additive mask eager attention takes gives the same scores as the boolean one sdpa takes."""
+    _, tok = gpt2
+    model = _sliding(tok, 16)
+    sources, targets = _long_chain(12)
+    sdpa = loglik.score(model, tok, "causal", sources, targets, 4, share_prefix=True)
+    model.config._attn_implementation = "eager"
+    eager = loglik.score(model, tok, "causal", sources, targets, 4, share_prefix=True)
+    assert [e.sum_logprob for e in eager] == loglik_approx([s.sum_logprob for s in sdpa])
 
 
 def test_sliding_window_reads_the_config():
@@ -309,7 +366,7 @@ def test_shared_prefix_runs_fewer_token_positions(gpt2):
     want += sum(encoded[i].length for i in single)
     assert alone.positions == sum(e.length for e in encoded)
     assert shared.positions == want < alone.positions
-    assert (alone.forwards, shared.forwards) == (1, 3)  # one batch; contexts + rows + the lone pairs
+    assert (alone.forwards, shared.forwards) == (1, 2)  # one batch; one packed pass + the lone pairs
 
 
 def test_token_logprobs_hand_values():
