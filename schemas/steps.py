@@ -11,7 +11,7 @@ N_STEPS = "n_steps"
 STEP_TEXT = "step_text"
 PREMISE_RCUS = "premise_rcus"  # RCUs of the step other than the conclusion
 CONCLUSION_RCU = "conclusion_rcu"
-BOUNDARY = "boundary"  # sentence | newline | given | whole
+BOUNDARY = "boundary"  # sentence | newline | paragraph | given | whole
 ROLE_RULE = "role_rule"  # position | conjunction
 EXTRACTOR = "extractor"  # clauses:<pipeline> | spacy:<pipeline> | srl:<model path>
 

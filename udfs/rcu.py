@@ -501,6 +501,14 @@ def lines(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
+_BLANK_LINE = re.compile(r"\n[ \t\r\f\v]*\n")
+
+
+def paragraphs(text: str) -> list[str]:
+    """Blocks of text between blank lines, each stripped (its own line breaks kept); empty blocks dropped."""
+    return [block.strip() for block in _BLANK_LINE.split(text.replace("\r\n", "\n")) if block.strip()]
+
+
 def sentence_spans(doc: Any) -> list[Any]:
     """Non-empty sentence spans of a doc (whitespace-only "sentences" dropped)."""
     return [s for s in doc.sents if s.text.strip()]

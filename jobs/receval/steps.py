@@ -5,8 +5,9 @@ Step boundaries (`steps.boundary`):
   but `whole`, which joins them into one step: the producer already segmented the chain (EntailmentBank
   proofs arrive rendered, one step per proof step);
 - a chain given as one text is split by `sentence` (spaCy sentences; newlines are hard boundaries, since LLM
-  chains list steps one per line without periods), `newline`, or kept `whole`; `given` quarantines it
-  (reason missing_steps).
+  chains list steps one per line without periods), `newline`, `paragraph` (blocks between blank lines: what a
+  reasoning model writes, one step per paragraph, its equations and list lines kept inside it), or kept `whole`;
+  `given` quarantines it (reason missing_steps).
 RCUs: a chain that carries its own (`chains.step_rcus`, one entry per given step) keeps them as given, extractor
 "given", unparsed (except under `whole`, which joins the steps and extracts); otherwise `steps.extractor` finds them
 (clause units by default, docs/design/RECEVAL.md) and `steps.roles` picks the conclusion.
@@ -176,6 +177,8 @@ def _plan(record: dict[str, Any], opts: Options) -> tuple[list[Planned], list[st
             plan = [(text.strip(), "whole", False, None)]
         elif opts.boundary == "newline":
             plan = [(line, "newline", False, None) for line in rcu.lines(text)]
+        elif opts.boundary == "paragraph":
+            plan = [(block, "paragraph", False, None) for block in rcu.paragraphs(text)]
         else:
             plan = [(line, "sentence", True, None) for line in rcu.lines(text)]
     else:

@@ -15,6 +15,7 @@ from jobs.receval import steps as J
 from schemas import chains as C
 from schemas import quarantine as Q
 from schemas import steps as S
+from udfs import rcu
 
 NATALIA = "Natalia sold 24 clips in May, so she sold 72 clips altogether."
 GALAXY = "a galaxy is a kind of celestial object, so galaxies can be classified by shape."
@@ -73,6 +74,19 @@ def test_explode_records_other_boundaries(opts):
     assert wh["steps"][0][S.CONCLUSION_RCU] == "She is happy"
     [gv] = J.explode_records([chain("a", chain_text=text)], given)
     assert gv["error"] == "missing_steps"
+
+
+def test_explode_records_paragraph_boundary_keeps_a_paragraphs_lines_together(opts):
+    """Reasoning-model text: blocks between blank lines (a line of spaces counts as blank) are the steps; a block's
+    own line breaks (a displayed equation, a list) stay inside its step."""
+    text = f"<think>\n{NATALIA}\n\n{GALAXY}\n$$24 + 48 = 72$$\n  \t\nShe is happy\r\n\r\n\n"
+    paragraph = dataclasses.replace(opts, boundary="paragraph")
+    [out] = J.explode_records([chain("a", chain_text=text)], paragraph)
+    assert [s[S.STEP_TEXT] for s in out["steps"]] == [f"<think>\n{NATALIA}", f"{GALAXY}\n$$24 + 48 = 72$$",
+                                                       "She is happy"]
+    assert {s[S.BOUNDARY] for s in out["steps"]} == {"paragraph"}
+    assert out["steps"][2][S.CONCLUSION_RCU] == "She is happy"
+    assert rcu.paragraphs("a\n\n\n b \n c\n \n") == ["a", "b \n c"] and rcu.paragraphs(" \n ") == []
 
 
 def test_explode_records_given_steps_are_kept(opts):
