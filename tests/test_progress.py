@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 
-from jobs.infra.progress import Progress, counted, heartbeat
+from jobs.infra.progress import Progress, counted, counter, heartbeat
 
 
 def _slow(df, seconds: float):
@@ -44,6 +44,37 @@ def test_progress_moves_per_finished_partition_inside_a_batch(spark, caplog):
     assert lines[0] == "[unit] 40 rows to do"
     assert any(" rows/s, ETA " in line and "/40 rows (" in line for line in lines[1:-1])  # reported while running
     assert lines[-1].startswith("[unit] 40/40 rows (100%)")
+
+
+def test_a_batch_of_parts_moves_as_each_part_finishes_and_counters_show_a_rate(spark, caplog):
+    """A batch of one long chain (10 steps): its NLI part, then its PVI part, then the written rows each finish
+    the batch's 10 rows; the batch's share is the mean over the three (1/3, 2/3, 1), long before it commits, and
+    the line names each part's rows and the pairs the model counted, with a rate."""
+    logger = logging.getLogger("test.progress")
+    caplog.set_level(logging.INFO, logger="test.progress")
+    steps = spark.range(10).repartition(1)
+    with Progress("scores", total=1, unit="chains", every=60, spark=spark, logger=logger) as progress:
+        progress.expect(1, rows=10)
+        pairs = counter("NLI pairs")
+        assert counter("NLI pairs") is pairs
+        nli, pvi = counted(steps, "NLI"), counted(steps, "PVI")
+
+        def score(batches):
+            for batch in batches:
+                pairs.add(7 * len(batch))
+                yield batch
+
+        assert nli.mapInPandas(score, nli.schema).count() == 10
+        assert progress.done == 1 / 3
+        line = progress.line()
+        assert "rows done 0/10, NLI 10/10, PVI 0/10" in line and "; NLI pairs 70 (" in line and "/s)" in line
+        assert pvi.count() == 10 and progress.done == 2 / 3
+        assert counted(steps).count() == 10 and progress.done == 1.0
+        progress.commit(1)
+        progress.expect(1, rows=10)  # the next batch starts from none of its rows, whatever the last one counted
+        assert progress.done == 1.0 and "NLI 0/10" in progress.line()
+        progress.commit(1)
+    assert counter("NLI pairs") is None  # no progress reports: a UDF gets no counter
 
 
 def test_counted_without_progress_is_the_frame(spark):

@@ -14,6 +14,11 @@ The executors' share comes from two counts of finished work, read by a reporter 
   times a batch on any cluster size, and the line shows it. It is no share of the units: the stages a batch
   still has to start are unknown, so the unit count never runs ahead of the work.
 
+Several frames of a batch can count its rows, each under its own label (`counted(df, "NLI")`: the scores
+stage counts the steps its NLI and PVI parts finish and the steps it writes), so a batch of one long chain moves
+as each part ends; the share of the batch is the mean over the labels. Counters (`counter("NLI pairs")`) count
+model inputs as the UDFs finish them and are shown with their rate.
+
     with Progress("scores", total=1012, unit="chains") as progress:
         for batch in batches:
             progress.expect(len(batch), rows=n_steps)   # this batch's chains, and the rows counted for them
@@ -64,6 +69,10 @@ class Progress:
         spark = spark or SparkSession.getActiveSession()
         self._sc = spark.sparkContext if spark is not None else None
         self._rows = self._sc.accumulator(0) if self._sc is not None else None
+        # label -> accumulator of rows a counted frame finished; "" is `_rows`, the frame a batch ends with
+        self._parts: dict[str, Any] = {"": self._rows} if self._rows is not None else {}
+        self._parts_at_batch: dict[str, int] = {}
+        self._counters: dict[str, Any] = {}  # label -> accumulator of model inputs done, shown with a rate
         self._first_stage: int | None = None  # the first Spark stage id of the running batch
         self.started = time.time()
         self._stop = threading.Event()
@@ -88,7 +97,24 @@ class Progress:
         """The next batch: `units` of work whose executors will count `rows` rows (default one per unit)."""
         self._batch_units, self._batch_rows = units, rows if rows is not None else units
         self._rows_at_batch = self.rows_finished
+        self._parts_at_batch = {label: int(acc.value) for label, acc in self._parts.items()}
         self._first_stage = _next_stage_id(self._sc)
+
+    def part(self, label: str) -> Any:
+        """The accumulator that a frame counted under `label` adds its finished rows to (made on first use)."""
+        if label not in self._parts and self._sc is not None:
+            self._parts[label] = self._sc.accumulator(0)
+            self._parts_at_batch[label] = 0
+        return self._parts.get(label)
+
+    def counter(self, label: str) -> Any:
+        """An accumulator of model inputs done (pairs, passes), shown in the line with its rate."""
+        if label not in self._counters and self._sc is not None:
+            self._counters[label] = self._sc.accumulator(0)
+        return self._counters.get(label)
+
+    def _part_done(self, label: str) -> int:
+        return int(self._parts[label].value) - self._parts_at_batch.get(label, 0)
 
     def commit(self, units: int) -> None:
         """`units` are done and written."""
@@ -118,9 +144,9 @@ class Progress:
     @property
     def done(self) -> float:
         """Committed units plus the finished share of the running batch (by rows the executors counted)."""
-        if not self._batch_rows:
+        if not self._batch_rows or not self._parts:
             return float(self.committed)
-        share = min(1.0, (self.rows_finished - self._rows_at_batch) / self._batch_rows)
+        share = sum(min(1.0, self._part_done(label) / self._batch_rows) for label in self._parts) / len(self._parts)
         return self.committed + share * self._batch_units
 
     @property
@@ -134,8 +160,14 @@ class Progress:
         eta = _duration((self.total - done) / rate) if rate > 0 and self.total else "-"
         tasks = self.tasks_finished
         batch = f"; this batch: {tasks} Spark tasks finished" if tasks is not None else ""
+        if self._batch_rows and len(self._parts) > 1:  # the rows each part of the batch finished
+            batch += ", rows " + ", ".join(f"{label or 'done'} {self._part_done(label):,}/{self._batch_rows:,}"
+                                           for label in self._parts)
+        elapsed = time.time() - self.started
+        for label, acc in self._counters.items():
+            batch += f"; {label} {int(acc.value):,} ({int(acc.value) / max(elapsed, 1e-9):.3g}/s)"
         return (f"[{self.name}] {done:.0f}/{self.total} {self.unit} ({pct:.0f}%), {rate:.3g} {self.unit}/s, "
-                f"ETA {eta}, {_duration(time.time() - self.started)} elapsed{batch}")
+                f"ETA {eta}, {_duration(elapsed)} elapsed{batch}")
 
     # -- reporting ------------------------------------------------------------------------------------
     def _report(self) -> None:
@@ -188,16 +220,17 @@ def bar_wanted(mode: str) -> bool:
     return mode == "rich" or (mode == "auto" and sys.stderr.isatty())
 
 
-def counted(df: DataFrame) -> DataFrame:
-    """`df` unchanged, each finished partition adding its row count to the active progress (none: `df`).
+def counted(df: DataFrame, label: str = "") -> DataFrame:
+    """`df` unchanged, each finished partition adding its row count to the active progress (none: `df`), under
+    `label` when the batch has several parts that each finish its rows ("" : the frame the batch ends with).
 
     Put it on the frame whose computation is the work (the scored rows, the generated answers), so a
     partition counts when its model calls are done.
     """
     progress = _active
-    if progress is None or progress._rows is None:
+    rows = progress.part(label) if progress is not None else None
+    if rows is None:
         return df
-    rows = progress._rows
 
     def count(batches: Iterator[Any]) -> Iterator[Any]:
         n = 0
@@ -207,6 +240,11 @@ def counted(df: DataFrame) -> DataFrame:
         rows.add(n)
 
     return df.mapInArrow(count, df.schema)
+
+
+def counter(label: str) -> Any:
+    """The active progress's counter `label` (an accumulator for a UDF to add to), or None when none reports."""
+    return _active.counter(label) if _active is not None else None
 
 
 def spark_tasks(spark: SparkSession | None) -> str | None:
