@@ -48,7 +48,7 @@ def test_load_settings_unknown_key_names_the_key():
 
 def test_load_settings_bad_literal_names_the_key():
     with pytest.raises(ConfigError, match=r"steps\.boundary"):
-        load_settings(overrides=["steps.boundary=paragraph"], environ={})
+        load_settings(overrides=["steps.boundary=paragraphs"], environ={})
 
 
 def test_load_settings_unknown_profile_is_clear():
@@ -185,12 +185,19 @@ def test_settings_sections_keep_their_order():
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        ([], "0682b5bc241c82e1"),
+        # nli.inter_history / intra_history became `relevant` (bounded NLI premises for long chains) and the nli
+        # section gained inter_top_k, inter_recent, intra_top_k: every hash changed. Before: 0682b5bc241c82e1,
+        # 890332a38a477099, f970f956f85de430, 2a513410bd72b20c.
+        ([], "87f46f98827d2b4a"),
         # issue 30: the small profile's information-gain model became gemma3-270m (causal); was 5238cd2b3d206975
-        (["models.profile=small", "steps.extractor=spacy", "steps.batch_size=8"], "890332a38a477099"),
+        (["models.profile=small", "steps.extractor=spacy", "steps.batch_size=8"], "1b5f7894968bdd45"),
         (["nli.intra_history=2", "pvi.empty_premises=none", "runtime.max_length=256", "pvi.max_length=128"],
-         "f970f956f85de430"),
-        (["models.profile=paper"], "2a513410bd72b20c"),
+         "27bc01fbaa453904"),
+        (["models.profile=paper"], "2a207c0b9d707648"),
+        # the official options hash as before the relevant ones existed: a lake scored with them keeps its rows
+        (["nli.inter_history=all", "nli.intra_history=all"], "0682b5bc241c82e1"),
+        (["nli.inter_history=all", "nli.intra_history=2", "pvi.empty_premises=none", "runtime.max_length=256",
+          "pvi.max_length=128"], "f970f956f85de430"),
     ],
 )
 def test_scoring_hash_is_the_pinned_one(overrides, expected):
@@ -201,7 +208,7 @@ def test_scoring_hash_is_the_pinned_one(overrides, expected):
 def test_settings_without_arguments_hash_as_the_defaults():
     from jobs.infra.config import Settings
 
-    assert Settings().scoring_hash() == "0682b5bc241c82e1"
+    assert Settings().scoring_hash() == "87f46f98827d2b4a"
     assert Settings(steps={"extractor": "spacy"}).steps.extractor == "spacy"
 
 

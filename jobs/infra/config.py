@@ -68,6 +68,12 @@ class Section(BaseModel):
     # Fields hashed on their own, under their bare name, from a section otherwise out of the hash.
     scoring_fields: ClassVar[tuple[str, ...]] = ()
 
+    def scoring_dump(self) -> dict[str, Any]:
+        """What of the section the scoring hash reads (its dump less `scoring_exclude`). A section whose new
+        options only matter under a new mode drops them otherwise, so settings that score as before keep the
+        hash, and the rows, they had."""
+        return self.model_dump(exclude=set(type(self).scoring_exclude or ()))
+
 
 class SparkSettings(Section):
     order: ClassVar[int] = 10
@@ -293,7 +299,7 @@ class Settings(Section):
                 continue
             kind = type(section)
             if kind.scoring_exclude is not None:
-                keyed[name] = section.model_dump(exclude=set(kind.scoring_exclude))
+                keyed[name] = section.scoring_dump()
             keyed |= {field: getattr(section, field) for field in kind.scoring_fields}
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -44,8 +44,11 @@ log = logging.getLogger(__spec__.name)
 # name -> variant -> overrides. The first variant of each is the default configuration (the official logic).
 ABLATIONS: dict[str, dict[str, list[str]]] = {
     # Paper: all preceding steps is best for inter-step correctness; the official intra premise adds them all.
+    # The default picks the closest earlier conclusions (nli.*_history = relevant: the same as all on chains whose
+    # steps have at most nli.inter_top_k candidates and nli.intra_top_k earlier conclusions).
     "history": {
-        "all earlier conclusions (official)": [],
+        "relevant earlier conclusions (default)": [],
+        "all earlier conclusions (official)": ["nli.intra_history=all", "nli.inter_history=all"],
         "intra: none": ["nli.intra_history=none", "pvi.intra_history=none"],
         "inter: last 1": ["nli.inter_history=1"],
     },

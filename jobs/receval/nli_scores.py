@@ -4,6 +4,10 @@ intra_entail(i) = P_entail(" and ".join(premise RCUs of i + earlier conclusions)
 premise text; inter(i) = 1 - max P_contradiction(r, conclusion of i) over context sentences and earlier
 conclusions, 1.0 for an empty set. Pairs are built with Spark SQL, identical pairs are scored once across the
 whole batch, and failed steps go to `quarantine` (stage "nli") when runtime.on_row_error is "quarantine".
+
+With nli.inter_history / intra_history = relevant, the earlier conclusions (inter: and context sentences) a step
+keeps are those udfs/candidates.py picks from one sentence-encoder pass per chain (a grouped applyInPandas);
+a chain whose steps all have no more candidates than the top_k keeps every one and is never embedded.
 """
 
 from __future__ import annotations
@@ -14,18 +18,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
 
 from jobs.infra import tables
-from jobs.infra.config import ModelRef, RuntimeSettings, Settings
+from jobs.infra.config import ModelRef, ModelsSettings, RuntimeSettings, Settings
 from jobs.infra.stage import Job, Stage
 from jobs.receval import scores_table
-from jobs.receval.settings import NliSettings
+from jobs.receval.settings import RELEVANT, NliSettings
 from schemas import step_scores as SS
 from schemas import steps as S
-from udfs import nli, runtime
+from udfs import candidates, nli, runtime
 
 log = logging.getLogger(__spec__.name)
 
@@ -57,49 +62,148 @@ def _last(arr: Column, k: int) -> Column:
     return F.filter(arr, lambda _, i: i >= F.size(arr) - k)
 
 
-def _history(arr: Column, option: str | int) -> Column:
-    """Earlier conclusions kept by a history option: all, none, or the last k."""
+INTER_KEPT = "_inter_kept"  # per step (relevant): the ORD of each inter candidate kept
+INTRA_KEPT = "_intra_kept"  # per step (relevant): the step_idx of each earlier conclusion kept
+_SELECTION_SCHEMA = StructType(
+    [
+        StructField(S.CHAIN_ID, StringType(), False),
+        StructField(S.CONFIG_HASH, StringType(), False),
+        StructField(S.STEP_IDX, IntegerType(), False),
+        StructField(INTER_KEPT, ArrayType(IntegerType()), True),
+        StructField(INTRA_KEPT, ArrayType(IntegerType()), True),
+    ]
+)
+
+
+def _history(arr: Column, option: str | int, kept: str) -> Column:
+    """Earlier conclusions kept by a history option: all, none, the last k, or those in column `kept` (relevant)."""
     if option == "all":
         return arr
     if option == "none":
         return F.filter(arr, lambda _: F.lit(False))
+    if option == RELEVANT:
+        return F.filter(arr, lambda c: F.array_contains(F.col(kept), c[S.STEP_IDX]))
     return _last(arr, int(option))
 
 
-def step_premises(steps: DataFrame, contexts: DataFrame, cfg: NliSettings) -> DataFrame:
-    """Per step: the intra premise text (null when there is none) and the inter premise candidates."""
-    conclusions = steps.groupBy(S.CHAIN_ID, S.CONFIG_HASH).agg(
+def select_relevant(chains: pd.DataFrame, cfg: NliSettings, embed: candidates.EmbedFactory) -> pd.DataFrame:
+    """Chains (one row each: keys, blank-free context sentences, step indices and conclusions in step order) ->
+    one row per step: the inter ORDs and earlier step indices its `relevant` options keep (_SELECTION_SCHEMA).
+
+    The encoder (`embed()`) is asked for only by a chain with a step over its top_k, and such a chain's texts
+    (its context sentences and conclusions) go through it in one call.
+    """
+    inter_on, intra_on = cfg.inter_history == RELEVANT, cfg.intra_history == RELEVANT
+    rows = []
+    for chain in chains.itertuples(index=False):
+        sentences = [] if chain.sentences is None else list(chain.sentences)
+        indices = [int(i) for i in chain.indices]
+        conclusions = list(chain.conclusions)
+        needs = (inter_on and candidates.inter_needs_embeddings(sentences, conclusions, cfg.inter_top_k)) or (
+            intra_on and candidates.intra_needs_embeddings(conclusions, cfg.intra_top_k)
+        )
+        vectors = candidates.embed_texts(embed(), sentences + conclusions) if needs else None
+        n = len(sentences)
+        inter = (
+            candidates.inter_relevant(sentences, conclusions, vectors, cfg.inter_top_k, cfg.inter_recent)
+            if inter_on
+            else [None] * len(indices)
+        )
+        intra = (
+            candidates.intra_relevant(conclusions, None if vectors is None else vectors[n:], cfg.intra_top_k)
+            if intra_on
+            else [None] * len(indices)
+        )
+        for step, kept_inter, kept_intra in zip(indices, inter, intra, strict=True):
+            rows.append(
+                (
+                    chain.chain_id,
+                    chain.config_hash,
+                    step,
+                    # The ORD step_premises gives each candidate: context index, then n + step_idx.
+                    None if kept_inter is None else [p if p < n else n + indices[p - n] for p in kept_inter],
+                    None if kept_intra is None else [indices[j] for j in kept_intra],
+                )
+            )
+    return pd.DataFrame(rows, columns=_SELECTION_SCHEMA.names)
+
+
+def _selections(chains: DataFrame, cfg: NliSettings, embed: candidates.EmbedFactory) -> DataFrame:
+    """Per step: what the relevant options keep, from one grouped applyInPandas call per chain."""
+    loaded: list[candidates.EmbedFn] = []
+
+    def encoder() -> candidates.EmbedFn:
+        # The factory at most once per task, and only when a chain needs it: a task of short chains never loads
+        # the encoder. The weights themselves load once per worker (udfs.runtime's cache).
+        if not loaded:
+            loaded.append(embed())
+        return loaded[0]
+
+    def select(pdf: pd.DataFrame) -> pd.DataFrame:
+        return select_relevant(pdf, cfg, encoder)
+
+    frame = chains.select(
+        S.CHAIN_ID,
+        S.CONFIG_HASH,
+        F.col("_sentences").alias("sentences"),
+        F.transform("_chain", lambda c: c[S.STEP_IDX]).alias("indices"),
+        F.transform("_chain", lambda c: c[S.CONCLUSION_RCU]).alias("conclusions"),
+    )
+    return frame.groupBy(S.CHAIN_ID, S.CONFIG_HASH).applyInPandas(select, _SELECTION_SCHEMA)
+
+
+def step_premises(
+    steps: DataFrame, contexts: DataFrame, cfg: NliSettings, embed: candidates.EmbedFactory | None = None
+) -> DataFrame:
+    """Per step: the intra premise text (null when there is none) and the inter premise candidates.
+
+    `embed` (a factory of `embed(texts) -> (n, d)`) is needed when an option is `relevant`.
+    """
+    keys = [S.CHAIN_ID, S.CONFIG_HASH]
+    conclusions = steps.groupBy(*keys).agg(
         F.array_sort(F.collect_list(F.struct(S.STEP_IDX, S.CONCLUSION_RCU))).alias("_chain")
     )
-    ctx = contexts.select(S.CHAIN_ID, S.CONFIG_HASH, S.CONTEXT_SENTENCES)
-    df = steps.join(conclusions, [S.CHAIN_ID, S.CONFIG_HASH]).join(ctx, [S.CHAIN_ID, S.CONFIG_HASH], "left")
+    ctx = contexts.select(*keys, _blank_free(F.col(S.CONTEXT_SENTENCES)).alias("_sentences"))
+    none: Column = F.array().cast("array<string>")
+    # A chain without a contexts row has no sentences (null would null the whole candidate array).
+    chains = conclusions.join(ctx, keys, "left").withColumn("_sentences", F.coalesce("_sentences", none))
+    df = steps.join(chains, keys)
+    if cfg.uses_embedding():
+        if embed is None:
+            raise ValueError("nli.inter_history / intra_history = relevant needs an embed factory")
+        # One selection row per step by construction; left, so that a step could never vanish from the output.
+        df = df.join(_selections(chains, cfg, embed), KEYS, "left")
     earlier = F.filter("_chain", lambda c: c[S.STEP_IDX] < F.col(S.STEP_IDX))
     earlier = F.filter(earlier, lambda c: c[S.CONCLUSION_RCU].isNotNull() & (F.trim(c[S.CONCLUSION_RCU]) != ""))
 
     intra_parts = _blank_free(
         F.concat(
             F.coalesce(F.col(S.PREMISE_RCUS), F.array().cast("array<string>")),
-            F.transform(_history(earlier, cfg.intra_history), lambda c: c[S.CONCLUSION_RCU]),
+            F.transform(_history(earlier, cfg.intra_history, INTRA_KEPT), lambda c: c[S.CONCLUSION_RCU]),
         )
     )
-    sentences = _blank_free(F.coalesce(F.col(S.CONTEXT_SENTENCES), F.array().cast("array<string>")))
+    sentences = F.col("_sentences")
     from_context = F.transform(
         sentences,
         lambda s, i: F.struct(s.alias(PREMISE), F.lit(CONTEXT_SOURCE).alias(SOURCE), i.alias(ORD)),
     )
     from_steps = F.transform(
-        _history(earlier, cfg.inter_history),
+        # relevant: every earlier conclusion here; the kept ORDs below choose among them and the sentences.
+        earlier if cfg.inter_history == RELEVANT else _history(earlier, cfg.inter_history, INTER_KEPT),
         lambda c: F.struct(
             c[S.CONCLUSION_RCU].alias(PREMISE),
             F.concat(F.lit("step:"), c[S.STEP_IDX].cast("string")).alias(SOURCE),
             (F.size(sentences) + c[S.STEP_IDX]).alias(ORD),
         ),
     )
+    inter = F.concat(from_context, from_steps)
+    if cfg.inter_history == RELEVANT:
+        inter = F.filter(inter, lambda c: F.array_contains(F.col(INTER_KEPT), c[ORD]))
     return df.select(
         *KEYS,
         F.col(S.CONCLUSION_RCU).alias(HYPOTHESIS),
         F.when(F.size(intra_parts) > 0, F.array_join(intra_parts, " and ")).alias(SS.INTRA_PREMISE),
-        F.concat(from_context, from_steps).alias("_inter"),
+        inter.alias("_inter"),
     )
 
 
@@ -200,6 +304,28 @@ def predictor(cfg: NliSettings, ref: ModelRef, rt: RuntimeSettings) -> nli.Predi
     )
 
 
+def embedder(ref: ModelRef, rt: RuntimeSettings) -> candidates.EmbedFactory:
+    """The sentence encoder `ref` (models.embedding) as a worker-side factory (device, batch size from config)."""
+    return candidates.model_embedder(
+        ref.path,
+        ref.revision,
+        device=rt.device,
+        batch_size=rt.batch_size,
+        threads=rt.torch_threads,
+        trust_remote_code=rt.trust_remote_code,
+        cache_size=rt.model_cache_size,
+    )
+
+
+def check_models(settings: Settings) -> str:
+    """Before any table is touched: the NLI model (its resolved path returned) and, when a `relevant` option
+    picks premises by embedding, the sentence encoder; a missing one raises runtime.ModelUnavailable."""
+    resolved = runtime.check_available(settings.models.nli.path, "nli")
+    if settings.nli.uses_embedding():
+        runtime.check_available(settings.models.embedding.path, "embedding")
+    return resolved
+
+
 @dataclass
 class Plan:
     premises: DataFrame
@@ -216,8 +342,14 @@ def plan(
     rt: RuntimeSettings,
     predict: nli.PredictFactory | None = None,
     accumulators: Sequence = (),
+    embed: candidates.EmbedFactory | None = None,
+    embedding: ModelRef | None = None,
 ) -> Plan:
-    premises = step_premises(steps, contexts, cfg)
+    """`embed` replaces the sentence encoder `embedding` (models.embedding; None: its default) of the relevant
+    options by a factory returning `embed(texts) -> (n, d)`."""
+    if embed is None and cfg.uses_embedding():
+        embed = embedder(embedding or ModelsSettings().embedding, rt)
+    premises = step_premises(steps, contexts, cfg, embed)
     all_pairs = pairs(premises)
     udf = nli.nli_udf(predict or predictor(cfg, model, rt), rt.on_row_error, *accumulators)
     scored = score_distinct(all_pairs, udf, rt.dedup)
@@ -231,12 +363,16 @@ def transform(
     model: ModelRef,
     rt: RuntimeSettings,
     predict: nli.PredictFactory | None = None,
+    embed: candidates.EmbedFactory | None = None,
+    embedding: ModelRef | None = None,
 ) -> DataFrame:
     """steps (schemas.steps.SCHEMA) + contexts (CONTEXTS_SCHEMA) -> OUTPUT_SCHEMA: NLI_SCHEMA + config_hash, error.
 
     `model` is models.nli; `predict` replaces it by a factory returning `predict(premises, hypotheses)`.
+    `embedding` is models.embedding (the relevant options' encoder); `embed` replaces it by a factory returning
+    `embed(texts) -> (n, d)`.
     """
-    return plan(steps, contexts, cfg, model, rt, predict).result
+    return plan(steps, contexts, cfg, model, rt, predict, embed=embed, embedding=embedding).result
 
 
 def model_revision(ref: ModelRef, resolved: str) -> str | None:
@@ -266,11 +402,12 @@ def run(
     settings: Settings,
     run_id: str | None = None,
     predict: nli.PredictFactory | None = None,
+    embed: candidates.EmbedFactory | None = None,
 ) -> dict[str, int]:
     """Score the steps of settings.scoring_hash() into `step_scores`; failed steps into `quarantine`."""
     ref = settings.models.nli
     # Before any table is read or written: a missing model must not leave a partial table.
-    resolved = runtime.check_available(ref.path, "nli")
+    resolved = check_models(settings) if embed is None else runtime.check_available(ref.path, "nli")
     revision = model_revision(ref, resolved)
     config_hash = settings.scoring_hash()
     steps = tables.read(spark, settings.table("steps"), S.SCHEMA).where(F.col(S.CONFIG_HASH) == config_hash)
@@ -279,9 +416,13 @@ def run(
     )
     # Counts what the model was actually given (a recomputed partition would count twice: visible here).
     sent = spark.sparkContext.accumulator(0)
-    p = plan(steps, contexts, settings.nli, ref, settings.runtime, predict, (sent,))
+    p = plan(steps, contexts, settings.nli, ref, settings.runtime, predict, (sent,), embed, settings.models.embedding)
     # The model runs once: the distinct scored pairs are cached and both counts and scores read them.
     with tables.Held() as hold:
+        if settings.nli.uses_embedding():
+            # The selection (an encoder pass per long chain) feeds the pairs, the scores and the counts: held
+            # before the scored pairs are, so every later plan reads it instead of embedding again.
+            hold(p.premises)
         scored = hold(p.scored)
         pairs_distinct = scored.count()
         result = hold(step_scores(p.premises, p.pairs, scored))

@@ -461,12 +461,11 @@ def prepare(settings: Settings, transforms: Transforms | None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if transforms is not None:
         return
-    from jobs.receval import pvi_scores
-    from udfs.runtime import check_available
+    from jobs.receval import nli_scores, pvi_scores
 
     # The PVI job's own check first: an untrained g / g' under the paper profile is named before anything else.
     pvi_scores.check_models(settings)
-    check_available(settings.models.nli.path, "nli")
+    nli_scores.check_models(settings)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ ScoreFn = Callable[[DataFrame, DataFrame, Settings], DataFrame]
 
 
 def _nli(steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:
-    return nli_scores.transform(steps, contexts, settings.nli, settings.models.nli, settings.runtime)
+    return nli_scores.transform(steps, contexts, settings.nli, settings.models.nli, settings.runtime,
+                                embedding=settings.models.embedding)
 
 
 def _pvi(steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:

@@ -110,7 +110,9 @@ class StepsSettings(Section):
     order: ClassVar[int] = 70
     scoring_exclude: ClassVar[frozenset[str] | None] = frozenset({"batch_size"})
 
-    boundary: Literal["sentence", "newline", "given", "whole"] = "sentence"
+    # paragraph: one step per block between blank lines, the unit reasoning models write in (docs/OPERATIONS.md
+    # "Reasoning-model lakes": a 300-paragraph chain is 300 steps, against ~2.7x that by sentence).
+    boundary: Literal["sentence", "newline", "paragraph", "given", "whole"] = "sentence"
     # conjunction (paper): "so/therefore" conclude, "because/since" introduce premises ("C because P" -> C);
     # position (official code): the last unit is the conclusion. docs/design/RECEVAL.md "Roles".
     roles: Literal["position", "conjunction"] = "conjunction"
@@ -127,16 +129,31 @@ class StepsSettings(Section):
 
 
 History = Literal["all", "none"] | int
+RELEVANT = "relevant"  # nli.inter_history / intra_history: premises picked by embedding (udfs/candidates.py)
 
 
 class NliSettings(Section):
     order: ClassVar[int] = 80
     scoring_exclude: ClassVar[frozenset[str] | None] = frozenset({"batch_size"})
 
-    # Earlier conclusions added to the intra premise: all (official code), none, or the last k (k >= 1).
-    intra_history: Literal["all", "none"] | Annotated[int, Field(ge=1)] = "all"
-    # Earlier conclusions checked for contradiction: all (the paper's best) or the last k.
-    inter_history: Literal["all"] | Annotated[int, Field(ge=1)] = "all"
+    # Earlier conclusions added to the intra premise: all (the official code), none, the last k (k >= 1), or
+    # relevant: the intra_top_k earlier conclusions whose embeddings (models.embedding) are closest to the step's
+    # conclusion, kept in chain order after the step's own premise RCUs (udfs/candidates.py). Why not all: the
+    # official premise grows with the chain and the NLI tokenizer cuts it from its end (nli.max_length), so on a
+    # long chain the most recent conclusions are dropped first. A step with <= intra_top_k earlier conclusions
+    # gets the official premise exactly, and a chain of only such steps is never embedded.
+    intra_history: Literal["all", "none", "relevant"] | Annotated[int, Field(ge=1)] = "relevant"
+    intra_top_k: int = Field(4, ge=1)
+    # Candidates each conclusion is checked for contradiction against: all context sentences and earlier
+    # conclusions (the official code, the paper's best), only the last k conclusions (besides the context), or
+    # relevant: the last inter_recent earlier conclusions plus the inter_top_k candidates (context sentences and
+    # earlier conclusions) most similar to the step's conclusion, in the official order. Why: `all` costs
+    # n^2 / 2 NLI pairs per chain of n steps (300 steps: ~45,000 pairs, hours on a CPU); relevant costs at most
+    # inter_top_k + inter_recent pairs per step whatever n is. A step with <= inter_top_k candidates keeps them
+    # all, so chains of only such steps score exactly as `all` (and skip the encoder).
+    inter_history: Literal["all", "relevant"] | Annotated[int, Field(ge=1)] = "relevant"
+    inter_top_k: int = Field(8, ge=1)
+    inter_recent: int = Field(2, ge=0)
     batch_size: int | None = Field(None, ge=1)  # None: runtime.batch_size
     max_length: int | None = Field(None, ge=8)  # None: runtime.max_length; the premise is cut first
 
@@ -144,6 +161,20 @@ class NliSettings(Section):
         """(batch size, max length) of every call to the NLI model: the scoring job's, the ROSCOE-LI
         baselines' and the logged MLflow model's, so the three score a pair alike."""
         return self.batch_size or rt.batch_size, self.max_length or rt.max_length
+
+    def scoring_dump(self) -> dict[str, Any]:
+        """The top_k / recent sizes count only under `relevant`: `all` (and `none`, the last k) hash as before
+        they existed, so a lake scored with the official options keeps its config hash and its rows."""
+        dump = super().scoring_dump()
+        if self.inter_history != RELEVANT:
+            del dump["inter_top_k"], dump["inter_recent"]
+        if self.intra_history != RELEVANT:
+            del dump["intra_top_k"]
+        return dump
+
+    def uses_embedding(self) -> bool:
+        """Whether a `relevant` option picks premises by sentence embeddings (models.embedding)."""
+        return RELEVANT in (self.intra_history, self.inter_history)
 
 
 class PviSettings(Section):
