@@ -708,15 +708,17 @@ def score_frame(score_fn: TargetScoreFn, sources: Sequence[str], targets: Sequen
     return [row(s, e) for s, e in zip(scores, errors, strict=True)]
 
 
-def loglik_udf(factory: Callable[[], TargetScoreFn], on_error: str = "fail"):
+def loglik_udf(factory: Callable[[], TargetScoreFn], on_error: str = "fail", sent: Any = None):
     """Iterator pandas UDF (source, target) -> struct; `factory` runs once per task (weights cached per worker).
 
     Build it once and reuse it. `factory` may be `model_scorer_factory(...)` or, in tests, any picklable
-    callable returning a scoring function.
+    callable returning a scoring function. `sent`: an optional Spark accumulator counting the pairs scored.
     """
 
     def frame(score_fn: TargetScoreFn, sources: list[str], targets: list[str]) -> pd.DataFrame:
         rows = score_frame(score_fn, sources, targets, on_error)
+        if sent is not None:
+            sent.add(len(rows))
         out = pd.DataFrame(rows, columns=["sum_logprob", "n_tokens", "mean_logprob", "truncated", "error"])
         return out.astype({"n_tokens": "Int32", "truncated": "boolean"})
 

@@ -365,14 +365,16 @@ def transform(
     predict: nli.PredictFactory | None = None,
     embed: candidates.EmbedFactory | None = None,
     embedding: ModelRef | None = None,
+    accumulators: Sequence = (),
 ) -> DataFrame:
     """steps (schemas.steps.SCHEMA) + contexts (CONTEXTS_SCHEMA) -> OUTPUT_SCHEMA: NLI_SCHEMA + config_hash, error.
 
     `model` is models.nli; `predict` replaces it by a factory returning `predict(premises, hypotheses)`.
     `embedding` is models.embedding (the relevant options' encoder); `embed` replaces it by a factory returning
-    `embed(texts) -> (n, d)`.
+    `embed(texts) -> (n, d)`. `accumulators`: optional Spark accumulators of the pairs given to the model (and the
+    truncated ones), as udfs.nli.nli_udf counts them.
     """
-    return plan(steps, contexts, cfg, model, rt, predict, embed=embed, embedding=embedding).result
+    return plan(steps, contexts, cfg, model, rt, predict, accumulators, embed, embedding).result
 
 
 def model_revision(ref: ModelRef, resolved: str) -> str | None:

@@ -24,6 +24,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
@@ -149,11 +150,12 @@ def _parallelism(df: DataFrame) -> int:
 
 
 def transform(steps: DataFrame, contexts: DataFrame, cfg: PviSettings, models: ModelsSettings, rt: RuntimeSettings,
-              scorer: Scorer | None = None) -> DataFrame:
+              scorer: Scorer | None = None, sent: Any = None) -> DataFrame:
     """(steps, contexts) -> one row per step: keys, PVI_SCHEMA scores, model ids, `pvi_truncated`, `error`. Pure.
 
     `scorer` replaces the LMs (tests). With runtime.on_row_error == "fail" a scoring error fails the job; with
-    "quarantine" it lands in `error` and the step's scores are null.
+    "quarantine" it lands in `error` and the step's scores are null. `sent`: an optional accumulator of the LM
+    passes scored (the pipeline's progress shows it).
     """
     reqs = requests(steps, contexts, cfg, models)
     # runtime.dedup=False scores every request (2n L(k) passes, g' per step): the join below then meets copies,
@@ -170,7 +172,7 @@ def transform(steps: DataFrame, contexts: DataFrame, cfg: PviSettings, models: M
     on_error = rt.on_row_error
     scored = None
     for role, factory in _factories(cfg, models, rt, scorer).items():
-        udf = loglik.loglik_udf(factory, on_error)
+        udf = loglik.loglik_udf(factory, on_error, sent)
         part = pairs.where(F.col("role") == role).withColumn("s", udf("source", "target")).drop("_chain")
         scored = part if scored is None else scored.unionByName(part)
     joined = reqs.join(scored, ["role", "source", "target"], "left")

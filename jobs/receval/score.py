@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 
 from jobs.infra import tables
 from jobs.infra.config import ModelRef, Settings
-from jobs.infra.progress import counted
+from jobs.infra.progress import counted, counter
 from jobs.infra.stage import Stage
 from jobs.receval import arith_scores, nli_scores, pvi_scores, scores_table
 from schemas import step_scores as SS
@@ -29,12 +29,15 @@ ScoreFn = Callable[[DataFrame, DataFrame, Settings], DataFrame]
 
 
 def _nli(steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:
+    # The pairs the model scored move the pipeline's progress line (none reports: no accumulator).
+    pairs = counter("NLI pairs")
     return nli_scores.transform(steps, contexts, settings.nli, settings.models.nli, settings.runtime,
-                                embedding=settings.models.embedding)
+                                embedding=settings.models.embedding, accumulators=(pairs,) if pairs else ())
 
 
 def _pvi(steps: DataFrame, contexts: DataFrame, settings: Settings) -> DataFrame:
-    return pvi_scores.transform(steps, contexts, settings.pvi, settings.models, settings.runtime)
+    return pvi_scores.transform(steps, contexts, settings.pvi, settings.models, settings.runtime,
+                                sent=counter("LM passes"))
 
 
 def nli_revision(settings: Settings) -> str | None:
@@ -67,9 +70,11 @@ def score_steps(
     pvi: ScoreFn | None = None,
 ) -> DataFrame:
     """One row per step: the step_scores columns plus `error` (null when the step scored). Pure."""
-    nli_df = _scores_with_error((nli or _nli)(steps, contexts, settings), SS.NLI_SCHEMA.fieldNames()[2:], "nli")
-    pvi_df = _scores_with_error((pvi or _pvi)(steps, contexts, settings), SS.PVI_SCHEMA.fieldNames()[2:], "pvi",
-                                optional=(SS.PVI_TRUNCATED,))
+    # Each part counts the steps it finished: a batch of one long chain moves as its NLI, then its PVI part ends.
+    nli_df = _scores_with_error(counted((nli or _nli)(steps, contexts, settings), "NLI"),
+                                SS.NLI_SCHEMA.fieldNames()[2:], "nli")
+    pvi_df = _scores_with_error(counted((pvi or _pvi)(steps, contexts, settings), "PVI"),
+                                SS.PVI_SCHEMA.fieldNames()[2:], "pvi", optional=(SS.PVI_TRUNCATED,))
     keys = steps.select(ST.CHAIN_ID, ST.STEP_IDX, ST.CONFIG_HASH, *arith_scores.columns(F.col(ST.STEP_TEXT)),
                         F.to_json(F.struct(*steps.columns)).alias("_raw"))
     joined = keys.join(nli_df, [SS.CHAIN_ID, SS.STEP_IDX], "left").join(pvi_df, [SS.CHAIN_ID, SS.STEP_IDX], "left")

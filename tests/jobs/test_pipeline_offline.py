@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,7 +59,7 @@ def offline_run(spark, tiny_models, tmp_path_factory) -> OfflineRun:
     tmp = tmp_path_factory.mktemp("offline")
     copy_sample(tmp / "input")
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):  # the summary and the log lines
         summary = pipeline.main(_real_argv(tmp / "clean", tmp, tmp / "input"))
     return OfflineRun(tmp, tmp / "input", tmp / "clean", summary, out.getvalue())
 
@@ -70,6 +71,15 @@ def test_main_sample_lake_offline_profile_end_to_end(offline_run):
     assert summary.rows_after["chain_scores"] > 0
     assert "Nightly pipeline summary" in offline_run.out and "MLflow: run " in offline_run.out
     assert summary.report_html and "<html" in summary.report_html
+
+
+def test_scores_progress_counts_the_model_inputs_with_a_rate(offline_run):
+    """The scores stage's line counts the NLI pairs and LM passes the models finished (issue 55: a night of a few
+    long chains showed 0 chains done for minutes), each with a rate."""
+    line = [x for x in offline_run.out.splitlines() if "[pipeline scores] 24/24 chains (100%)" in x][-1]  # closing
+    for what in ("NLI pairs", "LM passes"):
+        found = re.search(rf"; {what} ([\d,]+) \(([\d.e+-]+)/s\)", line)
+        assert found and int(found[1].replace(",", "")) > 24 and float(found[2]) > 0, line
 
 
 def test_main_killed_driver_then_rerun_equals_clean_run(spark, offline_run, tmp_path):
