@@ -185,19 +185,19 @@ def test_settings_sections_keep_their_order():
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        # nli.inter_history / intra_history became `relevant` (bounded NLI premises for long chains) and the nli
-        # section gained inter_top_k, inter_recent, intra_top_k: every hash changed. Before: 0682b5bc241c82e1,
+        # issue 55: nli.inter_history / intra_history and pvi.intra_history became `relevant` (bounded premises for
+        # long chains) with their top_k / recent sizes: every default hash changed. Before: 0682b5bc241c82e1,
         # 890332a38a477099, f970f956f85de430, 2a513410bd72b20c.
-        ([], "87f46f98827d2b4a"),
+        ([], "a02976d03fa97978"),
         # issue 30: the small profile's information-gain model became gemma3-270m (causal); was 5238cd2b3d206975
-        (["models.profile=small", "steps.extractor=spacy", "steps.batch_size=8"], "1b5f7894968bdd45"),
+        (["models.profile=small", "steps.extractor=spacy", "steps.batch_size=8"], "c5980dc060efccd5"),
         (["nli.intra_history=2", "pvi.empty_premises=none", "runtime.max_length=256", "pvi.max_length=128"],
-         "27bc01fbaa453904"),
-        (["models.profile=paper"], "2a207c0b9d707648"),
+         "73f60421e76f2555"),
+        (["models.profile=paper"], "4f98264078238186"),
         # the official options hash as before the relevant ones existed: a lake scored with them keeps its rows
-        (["nli.inter_history=all", "nli.intra_history=all"], "0682b5bc241c82e1"),
-        (["nli.inter_history=all", "nli.intra_history=2", "pvi.empty_premises=none", "runtime.max_length=256",
-          "pvi.max_length=128"], "f970f956f85de430"),
+        (["nli.inter_history=all", "nli.intra_history=all", "pvi.intra_history=all"], "0682b5bc241c82e1"),
+        (["nli.inter_history=all", "nli.intra_history=2", "pvi.intra_history=all", "pvi.empty_premises=none",
+          "runtime.max_length=256", "pvi.max_length=128"], "f970f956f85de430"),
     ],
 )
 def test_scoring_hash_is_the_pinned_one(overrides, expected):
@@ -208,7 +208,7 @@ def test_scoring_hash_is_the_pinned_one(overrides, expected):
 def test_settings_without_arguments_hash_as_the_defaults():
     from jobs.infra.config import Settings
 
-    assert Settings().scoring_hash() == "87f46f98827d2b4a"
+    assert Settings().scoring_hash() == "a02976d03fa97978"
     assert Settings(steps={"extractor": "spacy"}).steps.extractor == "spacy"
 
 

@@ -40,11 +40,16 @@ def ig_source(steps_so_far: Sequence[str], family: str = "causal") -> str:
     return IG_SEQ2SEQ_PREFIX + text if family == "seq2seq" else text
 
 
-def earlier(conclusions: Sequence[str], history: str | int) -> list[str]:
+def earlier(conclusions: Sequence[str], history: str | int, kept: Sequence[int] | None = None) -> list[str]:
+    """The earlier conclusions joined to g's premises: all, none, the last k, or (relevant) those at `kept`."""
     if history == "none":
         return []
     if history == "all":
         return list(conclusions)
+    if history == "relevant":
+        if kept is None:
+            raise ValueError("history 'relevant' needs the kept earlier conclusions of each step")
+        return [conclusions[j] for j in kept]
     return list(conclusions[-int(history) :]) if int(history) > 0 else []
 
 
@@ -68,11 +73,16 @@ def chain_requests(
     family: str = "causal",
     history: str | int = "all",
     empty_premises: str = "empty_join",
+    kept: Sequence[Sequence[int]] | None = None,
 ) -> list[Request]:
-    """Every (source, target) a chain needs, steps in order; no info-gain requests without an answer."""
+    """Every (source, target) a chain needs, steps in order; no info-gain requests without an answer.
+
+    `kept` (history "relevant"): per step, the indices of the earlier conclusions g's source joins
+    (udfs.candidates.intra_relevant)."""
     out: list[Request] = []
     for i, (premise, conclusion) in enumerate(zip(premises, conclusions, strict=True)):
-        source = g_source([*premise, *earlier(conclusions[:i], history)], empty_premises)
+        mine = None if kept is None else kept[i]
+        source = g_source([*premise, *earlier(conclusions[:i], history, mine)], empty_premises)
         out.append(Request(i, G, source, target(conclusion)))
         out.append(Request(i, NULL, NULL_SOURCE, target(conclusion)))
         if answer is not None:

@@ -81,8 +81,10 @@ def _history(arr: Column, option: str | int, kept: str) -> Column:
         return arr
     if option == "none":
         return F.filter(arr, lambda _: F.lit(False))
-    if option == RELEVANT:
-        return F.filter(arr, lambda c: F.array_contains(F.col(kept), c[S.STEP_IDX]))
+    if option == RELEVANT:  # no selection row (a chain within top_k): every one, as `all`
+        return F.when(F.col(kept).isNull(), arr).otherwise(
+            F.filter(arr, lambda c: F.array_contains(F.col(kept), c[S.STEP_IDX]))
+        )
     return _last(arr, int(option))
 
 
@@ -171,8 +173,17 @@ def step_premises(
     if cfg.uses_embedding():
         if embed is None:
             raise ValueError("nli.inter_history / intra_history = relevant needs an embed factory")
-        # One selection row per step by construction; left, so that a step could never vanish from the output.
-        df = df.join(_selections(chains, cfg, embed), KEYS, "left")
+        # Only chains that may have a step over its top_k go through the selection (a Python stage): a night of
+        # textbook chains runs none. The count here may exceed a step's by one (the last conclusion counts), never
+        # fall short; a chain left out has no selection rows, which keep every candidate, as `all` does.
+        concluded = F.size(F.filter("_chain", lambda c: F.trim(F.coalesce(c[S.CONCLUSION_RCU], F.lit(""))) != ""))
+        over = F.lit(False)
+        if cfg.inter_history == RELEVANT:
+            over = over | (F.size("_sentences") + concluded > cfg.inter_top_k)
+        if cfg.intra_history == RELEVANT:
+            over = over | (concluded > cfg.intra_top_k)
+        # One selection row per step of a selected chain; left, so that a step could never vanish from the output.
+        df = df.join(_selections(chains.where(over), cfg, embed), KEYS, "left")
     earlier = F.filter("_chain", lambda c: c[S.STEP_IDX] < F.col(S.STEP_IDX))
     earlier = F.filter(earlier, lambda c: c[S.CONCLUSION_RCU].isNotNull() & (F.trim(c[S.CONCLUSION_RCU]) != ""))
 
@@ -198,7 +209,9 @@ def step_premises(
     )
     inter = F.concat(from_context, from_steps)
     if cfg.inter_history == RELEVANT:
-        inter = F.filter(inter, lambda c: F.array_contains(F.col(INTER_KEPT), c[ORD]))
+        inter = F.when(F.col(INTER_KEPT).isNull(), inter).otherwise(
+            F.filter(inter, lambda c: F.array_contains(F.col(INTER_KEPT), c[ORD]))
+        )
     return df.select(
         *KEYS,
         F.col(S.CONCLUSION_RCU).alias(HYPOTHESIS),

@@ -35,10 +35,11 @@ from jobs.infra import tables
 from jobs.infra.config import ModelRef, ModelsSettings, RuntimeSettings, Settings
 from jobs.infra.stage import Job, Stage
 from jobs.receval import scores_table
-from jobs.receval.settings import PviSettings
+from jobs.receval.nli_scores import embedder
+from jobs.receval.settings import RELEVANT, PviSettings
 from schemas import step_scores as SS
 from schemas import steps as ST
-from udfs import loglik
+from udfs import candidates, loglik
 from udfs.model_paths import PVI_RECORD
 from udfs.pvi_prompts import IG_CUR, IG_PREV, NULL, TRAINED_KIND, G, chain_requests
 
@@ -67,16 +68,31 @@ _REQUESTS = StructType(
 )
 
 
-def _requests_fn(family: str, history: str | int, empty_premises: str = "empty_join"):
+def _requests_fn(family: str, history: str | int, empty_premises: str = "empty_join", top_k: int = 8,
+                 embed: candidates.EmbedFactory | None = None):
+    loaded: list[candidates.EmbedFn] = []
+
+    def encoder() -> candidates.EmbedFn:  # loaded only when a chain has a step over top_k, once per task
+        if embed is None:
+            raise ValueError("pvi.intra_history=relevant needs an embed factory")
+        if not loaded:
+            loaded.append(embed())
+        return loaded[0]
+
     def build(chain: pd.DataFrame) -> pd.DataFrame:
         chain = chain.sort_values(ST.STEP_IDX)
         idx = chain[ST.STEP_IDX].tolist()
         answer = chain[ST.ANSWER].iloc[0]
         answer = None if answer is None or (isinstance(answer, float) and pd.isna(answer)) else str(answer)
         premises = [list(p) if p is not None else [] for p in chain[ST.PREMISE_RCUS]]
+        conclusions = chain[ST.CONCLUSION_RCU].tolist()
+        kept = None
+        if history == RELEVANT:  # the rule nli.intra_history=relevant applies, on the same conclusions
+            vectors = (candidates.embed_texts(encoder(), conclusions)
+                       if candidates.intra_needs_embeddings(conclusions, top_k) else None)
+            kept = candidates.intra_relevant(conclusions, vectors, top_k)
         reqs = chain_requests(
-            chain[ST.STEP_TEXT].tolist(), premises, chain[ST.CONCLUSION_RCU].tolist(), answer, family, history,
-            empty_premises,
+            chain[ST.STEP_TEXT].tolist(), premises, conclusions, answer, family, history, empty_premises, kept,
         )
         return pd.DataFrame(
             {
@@ -94,12 +110,18 @@ def _requests_fn(family: str, history: str | int, empty_premises: str = "empty_j
     return build
 
 
-def requests(steps: DataFrame, contexts: DataFrame, cfg: PviSettings, models: ModelsSettings) -> DataFrame:
-    """One row per (step, kind) with the model role and the exact source/target strings."""
+def requests(steps: DataFrame, contexts: DataFrame, cfg: PviSettings, models: ModelsSettings,
+             rt: RuntimeSettings | None = None, embed: candidates.EmbedFactory | None = None) -> DataFrame:
+    """One row per (step, kind) with the model role and the exact source/target strings.
+
+    With pvi.intra_history=relevant, `embed` (a factory of `embed(texts) -> (n, d)`; None: models.embedding) picks
+    the earlier conclusions of g's source."""
+    if embed is None and cfg.intra_history == RELEVANT:
+        embed = embedder(models.embedding, rt or RuntimeSettings())
     joined = steps.select(
         ST.CHAIN_ID, ST.CONFIG_HASH, ST.STEP_IDX, ST.STEP_TEXT, ST.PREMISE_RCUS, ST.CONCLUSION_RCU
     ).join(contexts.select(ST.CHAIN_ID, ST.CONFIG_HASH, ST.ANSWER), [ST.CHAIN_ID, ST.CONFIG_HASH], "left")
-    build = _requests_fn(info_gain_family(cfg, models), cfg.intra_history, cfg.empty_premises)
+    build = _requests_fn(info_gain_family(cfg, models), cfg.intra_history, cfg.empty_premises, cfg.intra_top_k, embed)
     return joined.groupBy(ST.CHAIN_ID, ST.CONFIG_HASH).applyInPandas(build, _REQUESTS)
 
 
@@ -150,14 +172,15 @@ def _parallelism(df: DataFrame) -> int:
 
 
 def transform(steps: DataFrame, contexts: DataFrame, cfg: PviSettings, models: ModelsSettings, rt: RuntimeSettings,
-              scorer: Scorer | None = None, sent: Any = None) -> DataFrame:
+              scorer: Scorer | None = None, sent: Any = None, embed: candidates.EmbedFactory | None = None) -> DataFrame:
     """(steps, contexts) -> one row per step: keys, PVI_SCHEMA scores, model ids, `pvi_truncated`, `error`. Pure.
 
     `scorer` replaces the LMs (tests). With runtime.on_row_error == "fail" a scoring error fails the job; with
     "quarantine" it lands in `error` and the step's scores are null. `sent`: an optional accumulator of the LM
-    passes scored (the pipeline's progress shows it).
+    passes scored (the pipeline's progress shows it). `embed` replaces the sentence encoder of
+    pvi.intra_history=relevant (tests).
     """
-    reqs = requests(steps, contexts, cfg, models)
+    reqs = requests(steps, contexts, cfg, models, rt, embed)
     # runtime.dedup=False scores every request (2n L(k) passes, g' per step): the join below then meets copies,
     # which the max in `pick` absorbs, so the scores are the same.
     # A distinct pass keeps the first chain that asked for it: partitioned and sorted by that chain, a chain's
@@ -260,6 +283,8 @@ def check_models(settings: Settings) -> None:
     check_trained(settings)
     for role in ("pvi_g", "pvi_null", "info_gain"):
         runtime.check_available(getattr(settings.models, role).path, role)
+    if settings.pvi.intra_history == RELEVANT:
+        runtime.check_available(settings.models.embedding.path, "embedding")
 
 
 def _to_score(steps: DataFrame, spark: SparkSession, settings: Settings) -> DataFrame:

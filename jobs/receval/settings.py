@@ -143,7 +143,7 @@ class NliSettings(Section):
     # long chain the most recent conclusions are dropped first. A step with <= intra_top_k earlier conclusions
     # gets the official premise exactly, and a chain of only such steps is never embedded.
     intra_history: Literal["all", "none", "relevant"] | Annotated[int, Field(ge=1)] = "relevant"
-    intra_top_k: int = Field(4, ge=1)
+    intra_top_k: int = Field(8, ge=1)
     # Candidates each conclusion is checked for contradiction against: all context sentences and earlier
     # conclusions (the official code, the paper's best), only the last k conclusions (besides the context), or
     # relevant: the last inter_recent earlier conclusions plus the inter_top_k candidates (context sentences and
@@ -152,7 +152,7 @@ class NliSettings(Section):
     # inter_top_k + inter_recent pairs per step whatever n is. A step with <= inter_top_k candidates keeps them
     # all, so chains of only such steps score exactly as `all` (and skip the encoder).
     inter_history: Literal["all", "relevant"] | Annotated[int, Field(ge=1)] = "relevant"
-    inter_top_k: int = Field(8, ge=1)
+    inter_top_k: int = Field(16, ge=1)
     inter_recent: int = Field(2, ge=0)
     batch_size: int | None = Field(None, ge=1)  # None: runtime.batch_size
     max_length: int | None = Field(None, ge=8)  # None: runtime.max_length; the premise is cut first
@@ -184,8 +184,14 @@ class PviSettings(Section):
     # Input format of L(k): causal (a plain LM, the official default) or seq2seq ("Generate final answer:"
     # prefix); must match models.info_gain.family.
     info_gain_family: Literal["causal", "seq2seq"] = "causal"
-    # Earlier conclusions joined to g's premises: all (the spec), none, or the last k.
-    intra_history: Literal["all", "none"] | Annotated[int, Field(ge=1)] = "all"
+    # Earlier conclusions joined to g's premises: all (the spec), none, the last k, or relevant: the intra_top_k
+    # earlier conclusions closest to the step's conclusion by models.embedding, in chain order (the same rule as
+    # nli.intra_history, udfs/candidates.py). Why not all: g's source then grows with the chain, so g costs n^2/2
+    # conclusions per chain (160 steps: 389k T5 positions of the 400k the three LMs ran, bench/RESULTS.md "Long
+    # chains"), and a T5 with a trained length cuts it. A step with <= intra_top_k earlier conclusions gets the
+    # official source exactly, and a chain of only such steps is never embedded.
+    intra_history: Literal["all", "none", "relevant"] | Annotated[int, Field(ge=1)] = "relevant"
+    intra_top_k: int = Field(8, ge=1)
     batch_size: int | None = Field(None, ge=1)  # None: runtime.batch_size
     # None: each LM's own position limit (config n_positions / max_position_embeddings, else the tokenizer's
     # model_max_length), so sources and targets are scored whole wherever the model allows; a number is a lower
@@ -194,6 +200,14 @@ class PviSettings(Section):
     # g's source for a step with no premise text: empty_join = the official "Generate entailed sentence:  ->";
     # none = g' own "... None ->" (this project's behaviour before issue #17; docs/PVI.md).
     empty_premises: Literal["empty_join", "none"] = "empty_join"
+
+
+    def scoring_dump(self) -> dict[str, Any]:
+        """intra_top_k counts only under `relevant`: the other options hash as before it existed."""
+        dump = super().scoring_dump()
+        if self.intra_history != RELEVANT:
+            del dump["intra_top_k"]
+        return dump
 
 
 class AggregateSettings(Section):

@@ -72,9 +72,10 @@ SHORT = [
 def test_short_chains_relevant_equals_all_and_never_embed(spark, make_settings):
     steps, contexts = frames(spark, SHORT, "h")
     official = make_settings("nli.inter_history=all", "nli.intra_history=all")
-    relevant = make_settings()  # the defaults: relevant, inter_top_k 8, intra_top_k 4
-    assert (relevant.nli.inter_history, relevant.nli.intra_history) == ("relevant", "relevant")
-    assert (relevant.nli.inter_top_k, relevant.nli.inter_recent, relevant.nli.intra_top_k) == (8, 2, 4)
+    defaults = make_settings().nli
+    assert (defaults.inter_history, defaults.intra_history) == ("relevant", "relevant")
+    assert (defaults.inter_top_k, defaults.inter_recent, defaults.intra_top_k) == (16, 2, 8)
+    relevant = make_settings("nli.inter_top_k=8", "nli.intra_top_k=4")  # the chains sit exactly at these sizes
     want = _transform(steps, contexts, official, None)
     got = _transform(steps, contexts, relevant, _refusing_factory)
     assertDataFrameEqual(got, want, checkRowOrder=False)
@@ -205,3 +206,30 @@ def test_run_embeds_each_long_chain_once_and_writes_the_kept_scores(spark, make_
     # Kept: apple red, apple green, moon dust -> the fake's contradiction 10 / (len p + len h + 10) is highest for
     # the shortest premise, "apple red" (9 characters; "moon dust" ties it and comes later).
     assert (row[SS.INTER_WORST_PREMISE], row[SS.INTER]) == ("apple red", 1.0 - fake_probs("apple red", "apple tea")[2])
+
+
+def test_pvi_g_source_keeps_the_same_relevant_conclusions(spark, make_settings, tmp_path):
+    """pvi.intra_history=relevant: g's source joins the step's own premise RCUs and the same earlier conclusions
+    the NLI intra premise keeps (udfs.candidates.intra_relevant), with " & "; g' and L(k) are unchanged."""
+    from jobs.receval import pvi_scores
+    from udfs import pvi_prompts as P
+
+    steps, contexts = frames(spark, [("intra", ["ctx"], INTRA_CHAIN)], "h")
+    settings = make_settings("pvi.intra_top_k=2")
+    log = tmp_path / "embed.log"
+    reqs = pvi_scores.requests(steps, contexts, settings.pvi, settings.models, settings.runtime, bag_embedder(log))
+    g = {r[S.STEP_IDX]: r["source"] for r in reqs.where(F.col("kind") == P.G).collect()}
+    assert [g[i] for i in range(len(INTRA_CHAIN))] == [P.G_PREFIX + p.replace(" and ", " & ") + " ->"
+                                                       for p in INTRA_PREMISES]
+    assert log.read_text(encoding="utf-8").split() == ["6"]  # the chain's 6 conclusions, one call
+    official = make_settings("pvi.intra_history=all")
+    every = pvi_scores.requests(steps, contexts, official.pvi, official.models, official.runtime, _refusing_factory)
+    others = F.col("kind") != P.G
+    assertDataFrameEqual(reqs.where(others), every.where(others), checkRowOrder=False)
+    # A chain with no more earlier conclusions than intra_top_k is never embedded and equals `all`.
+    short, short_ctx = frames(spark, [("short", ["ctx"], INTRA_CHAIN[:3])], "h")
+    assertDataFrameEqual(
+        pvi_scores.requests(short, short_ctx, settings.pvi, settings.models, settings.runtime, _refusing_factory),
+        pvi_scores.requests(short, short_ctx, official.pvi, official.models, official.runtime, _refusing_factory),
+        checkRowOrder=False,
+    )

@@ -305,6 +305,33 @@ def test_one_pass_information_gain_equals_the_unbatched_reference_past_the_windo
         assert g.sum_logprob == loglik_approx(sum(direct_causal(model, tok, s, t)))
 
 
+def test_a_chain_past_the_models_limit_is_cut_from_the_left_and_flagged(gpt2):
+    """One rule past the LM's own context (here a 96-position limit): the L(k) passes that fit are packed and
+    exact; each longer one is scored alone with its source cut from the left (the tokenizer's prefix kept) and
+    flagged, and equals the unbatched reference on that cut source."""
+    _, tok = gpt2
+    model = _sliding(tok, 16)
+    sources, targets = _long_chain(40)
+    limit = 96
+    got = loglik.score(model, tok, "causal", sources, targets, 8, max_length=limit, share_prefix=True)
+    encoded = loglik.encode_pairs(tok, "causal", sources, targets, limit)
+    full = [len(tok(s, add_special_tokens=False)["input_ids"]) + len(tok(t, add_special_tokens=False)["input_ids"])
+            for s, t in zip(sources, targets, strict=True)]
+    assert [g.truncated for g in got] == [n > limit for n in full] and 0 < sum(n > limit for n in full) < len(full)
+    for e, s, t, g in zip(encoded, sources, targets, got, strict=True):
+        assert len(e.source_ids) + len(e.target_ids) <= limit
+        want = sum(_direct_ids(model, e)) if e.truncated else sum(direct_causal(model, tok, s, t))
+        assert g.sum_logprob == loglik_approx(want)
+
+
+def _direct_ids(model, e) -> list[float]:
+    """The unbatched reference on token ids as encoded (a cut source need not decode to the same ids)."""
+    ids = torch.tensor([e.source_ids + e.target_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0].double(), -1)
+    return [float(logp[len(e.source_ids) - 1 + j, t]) for j, t in enumerate(e.target_ids)]
+
+
 def test_packed_masks_hand_values():
     """A context of 3 and two rows: row 1 sees 2 context tokens, row 2 sees 1; one pad; window 2 on positions."""
     segment = torch.tensor([[0, 0, 0, 1, 1, 2, -1]])
