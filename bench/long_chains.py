@@ -159,11 +159,20 @@ def lm_positions(settings, chains: list[dict]) -> dict[str, int]:
     from udfs import loglik, runtime
     from udfs import pvi_prompts as P
 
+    history = settings.pvi.intra_history
     passes: dict[str, set] = {"pvi_g": set(), "pvi_null": set(), "info_gain": set()}
     for c in chains:
         texts = [step_text(p, x) for p, x in zip(c["premises"], c["conclusions"], strict=True)]
-        for r in P.chain_requests(texts, c["premises"], c["conclusions"], c["answer"], "causal",
-                                  settings.pvi.intra_history):
+        extra = {}
+        if history == "relevant":  # the kept conclusions as the job picks them (udfs.candidates)
+            from udfs import candidates
+
+            top = settings.pvi.intra_top_k
+            embed = candidates.model_embedder(settings.models.embedding.path, None, "cpu", 32)
+            needs = candidates.intra_needs_embeddings(c["conclusions"], top)
+            vectors = candidates.embed_texts(embed(), c["conclusions"]) if needs else None
+            extra["kept"] = candidates.intra_relevant(c["conclusions"], vectors, top)
+        for r in P.chain_requests(texts, c["premises"], c["conclusions"], c["answer"], "causal", history, **extra):
             passes[r.role].add((r.source, r.target))
     out = {}
     for role, items in passes.items():
