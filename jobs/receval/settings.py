@@ -108,10 +108,10 @@ class IngestSettings(Section):
 
 class StepsSettings(Section):
     order: ClassVar[int] = 70
-    scoring_exclude: ClassVar[frozenset[str] | None] = frozenset({"batch_size"})
+    scoring_exclude: ClassVar[frozenset[str] | None] = frozenset({"batch_size", "max_steps"})
 
-    # paragraph: one step per block between blank lines, the unit reasoning models write in (docs/OPERATIONS.md
-    # "Reasoning-model lakes": a 300-paragraph chain is 300 steps, against ~2.7x that by sentence).
+    # paragraph: one step per block between blank lines, the unit reasoning models write in (README "Reasoning-model
+    # lakes": a 300-paragraph chain is 300 steps, 494 by newline, 1,243 by sentence).
     boundary: Literal["sentence", "newline", "paragraph", "given", "whole"] = "sentence"
     # conjunction (paper): "so/therefore" conclude, "because/since" introduce premises ("C because P" -> C);
     # position (official code): the last unit is the conclusion. docs/design/RECEVAL.md "Roles".
@@ -126,6 +126,10 @@ class StepsSettings(Section):
     answer_indicators: list[str] = Field(default_factory=lambda: ["answer is", "[ANSWER]"])
     # GSM-8K "<<3+4=7>>" calculator annotations are tool markup, not reasoning text.
     strip_calculator: bool = True
+    # A chain text that splits into more steps goes to quarantine (too_many_steps), as ingest.max_steps sends a
+    # longer steps array there: a 200,000-character text split by sentence can make thousands of steps. Not part
+    # of the scoring hash: it decides which chains are scored, not their scores.
+    max_steps: int = Field(2_000, ge=1)
 
 
 History = Literal["all", "none"] | int

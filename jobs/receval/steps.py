@@ -88,6 +88,7 @@ class Options:
     max_length: int
     indicators: tuple[str, ...]
     strip_calculator: bool
+    max_steps: int = 2_000
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Options:
@@ -108,6 +109,7 @@ class Options:
             rt.max_length,
             tuple(st.answer_indicators),
             st.strip_calculator,
+            st.max_steps,
         )
 
     @property
@@ -220,6 +222,9 @@ def _steps_of(
             )
     if not out:
         raise ChainError("no_steps", "splitting the chain gave no steps")
+    if len(out) > opts.max_steps:
+        raise ChainError("too_many_steps", f"{len(out)} steps by steps.boundary={opts.boundary}, over "
+                         f"steps.max_steps={opts.max_steps}")
     return out
 
 

@@ -89,6 +89,18 @@ def test_explode_records_paragraph_boundary_keeps_a_paragraphs_lines_together(op
     assert rcu.paragraphs("a\n\n\n b \n c\n \n") == ["a", "b \n c"] and rcu.paragraphs(" \n ") == []
 
 
+def test_explode_records_text_over_max_steps_is_a_chain_error(opts):
+    """A text that splits into more steps than steps.max_steps is refused with the reason (quarantine, as ingest
+    refuses a longer steps array); at the limit it is kept."""
+    text = "\n\n".join(f"Step {k} is done." for k in range(4))
+    [over] = J.explode_records([chain("a", chain_text=text)], dataclasses.replace(opts, boundary="paragraph",
+                                                                                  max_steps=3))
+    assert over["error"] == "too_many_steps" and "4 steps by steps.boundary=paragraph" in over["detail"]
+    [at] = J.explode_records([chain("a", chain_text=text)], dataclasses.replace(opts, boundary="paragraph",
+                                                                                max_steps=4))
+    assert at.get("error") is None and len(at["steps"]) == 4
+
+
 def test_explode_records_given_steps_are_kept(opts):
     given = [NATALIA + " " + GALAXY, "", "Yes"]
     [out] = J.explode_records([chain("a", steps=given, answer="72")], opts)
