@@ -100,6 +100,36 @@ def boundaries(n: int) -> list[dict]:
     return rows
 
 
+def shares() -> str:
+    """How many steps of the textbook datasets a `relevant` option leaves exactly as `all` (by construction: a step
+    with no more candidates than k keeps them all), per k. Counts only: steps per chain and context sentences (EB
+    and GSM-8K as bench/workload.py reads them; ProcessBench's problem split at sentence ends)."""
+    import re
+
+    import workload
+
+    from udfs.home import home
+
+    prof = workload.profiles()
+
+    def sentences(text: str) -> int:
+        return len([x for x in re.split(r"(?<=[.?!])\s+", text.strip()) if x])
+
+    pb = [(len(item["steps"]), sentences(item["problem"])) for sub in ("gsm8k", "math")
+          for item in json.loads((home() / "data/processbench" / f"{sub}.json").read_text())]
+    data = {"EB task_1 test": list(zip(prof["eb"].steps, prof["eb"].context, strict=True)),
+            "ROSCOE GSM-8K": list(zip(prof["gsm8k"].steps, prof["gsm8k"].context, strict=True)),
+            "ProcessBench GSM8K + MATH": pb}
+    lines = ["| dataset | chains | steps | steps over k inter candidates, k = 8 / 12 / 16 | steps over j earlier "
+             "conclusions, j = 4 / 8 |", "|---|---|---|---|---|"]
+    for name, rows in data.items():
+        steps = [(context + i, i) for n, context in rows for i in range(n)]
+        inter = " / ".join(f"{100 * sum(x > k for x, _ in steps) / len(steps):.1f} %" for k in (8, 12, 16))
+        intra = " / ".join(f"{100 * sum(e > j for _, e in steps) / len(steps):.1f} %" for j in (4, 8))
+        lines.append(f"| {name} | {len(rows)} | {len(steps)} | {inter} | {intra} |")
+    return "\n".join(lines)
+
+
 def case_chains(case: str, seed: int = 0) -> list[dict]:
     """'160': one chain of 160 steps; '64x10': 64 chains of 10 steps."""
     count, steps = (int(x) for x in case.split("x")) if "x" in case else (1, int(case))
@@ -304,6 +334,7 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=ROOT / ".bench_models")
     ap.add_argument("--boundaries", type=int, metavar="N",
                     help="only: what each step boundary makes of a reasoning-model chain of N paragraphs")
+    ap.add_argument("--shares", action="store_true", help="only: steps of EB, GSM-8K and ProcessBench over each k")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tree", type=Path, default=ROOT, help=argparse.SUPPRESS)
@@ -311,6 +342,10 @@ def main() -> None:
     if args.child:
         sys.path.insert(0, str(args.tree))
         print(json.dumps(run_case(args.profiles[0], args.cases[0], args.cache)), flush=True)
+        return
+    if args.shares:
+        sys.path.insert(0, str(ROOT / "bench"))
+        print(shares())
         return
     if args.boundaries:
         rows = boundaries(args.boundaries)
