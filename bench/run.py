@@ -285,6 +285,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             f"models.pvi_g={ref['t5']}", f"models.pvi_null={ref['t5']}", f"models.info_gain={ref['gpt2']}",
             f"runtime.device={args.device}", f"runtime.dtype={args.dtype}", f"runtime.batch_size={args.batch_size}",
             f"runtime.max_length={args.max_length}", "runtime.on_row_error=fail", f"runtime.max_batch_tokens={budget}",
+            # The same work as (b) and (c), which pair every candidate: the official premises, not the bounded
+            # defaults (which skip these textbook-sized chains' selection anyway, bench/long_chains.py --shares).
+            "nli.inter_history=all", "nli.intra_history=all", "pvi.intra_history=all",
         ], environ={})
         # Executors of a standalone cluster import the project from this checkout.
         extra = {"spark.driver.memory": "2g", "spark.sql.adaptive.enabled": "false",

@@ -13,11 +13,12 @@ API
     given) and the results put back in input order.
   * ``share_prefix=True`` (causal only): pairs whose source token ids share a prefix (the L(k) passes of one
     chain: " s1 Therefore,", " s1 s2 Therefore,", ...; every g' pass: one constant source) are scored as a
-    group: the longest source runs once with the key/value cache on, and each pair continues from the cache
-    cut to its shared prefix (``share_prefixes``). The token ids are each pair's own tokenisation, so where
-    BPE merges across a step boundary the shared part is just shorter: the numbers equal separate scoring.
-    Padding positions are masked (attention mask; causal LMs also get explicit position ids, so left and
-    right padding give the same numbers).
+    group in one packed pass (``packed_logprobs``): the longest source once, then each pair's own rest of source
+    and target, under a mask that lets each pair see its shared prefix and itself only, at the positions it has
+    alone (so sliding-window layers see what the pair alone sees). The token ids are each pair's own
+    tokenisation, so where BPE merges across a step boundary the shared part is just shorter: the numbers equal
+    separate scoring. Padding positions are masked (attention mask; causal LMs also get explicit position ids,
+    so left and right padding give the same numbers).
   * Sources and targets are scored WHOLE up to the model's own position limit (``position_limit``: the config's
     ``n_positions`` / ``max_position_embeddings`` / ``n_ctx``, else the tokenizer's ``model_max_length``; T5's
     relative positions have no config limit, so its tokenizer's value counts, 512 for t5-large; none known: no
@@ -310,13 +311,14 @@ def batch_logprobs(model: Any, family: Family, batch: dict[str, torch.Tensor]) -
     return token_logprobs(logits, batch["labels"][:, first:], label_mask[:, first:])
 
 
-def causal_forward(model: Any, kwargs: dict[str, Any], keep: int) -> Any:
-    """A causal LM forward whose output keeps the logits of the last `keep` positions only."""
+def causal_forward(model: Any, kwargs: dict[str, Any], keep: int | torch.Tensor) -> Any:
+    """A causal LM forward whose output keeps the logits of the last `keep` positions only (or, a tensor, of
+    those positions)."""
     try:
         return model(**kwargs, logits_to_keep=keep)
     except TypeError:  # architectures without logits_to_keep: the full logits, cut here
         out = model(**kwargs)
-        out.logits = out.logits[:, -keep:]
+        out.logits = out.logits[:, -keep:] if isinstance(keep, int) else out.logits[:, keep]
         return out
 
 
@@ -516,7 +518,7 @@ def packed_logprobs(
             if cache is not None:
                 kwargs["cache"] = cache
             if not need:  # a block of context only: it fills the cache, one logit column is the least to keep
-                model(**kwargs, logits_to_keep=1)
+                causal_forward(model, kwargs, 1)
                 continue
             labels = torch.zeros((len(batch), len(need)), dtype=torch.long)
             label_mask = torch.zeros((len(batch), len(need)), dtype=torch.bool)
@@ -525,7 +527,7 @@ def packed_logprobs(
                     if q in w:
                         labels[b, c], label_mask[b, c] = w[q][1], True
             keep = torch.tensor([q - start for q in need], device=device)
-            logits = model(**kwargs, logits_to_keep=keep).logits
+            logits = causal_forward(model, kwargs, keep).logits
             logp = token_logprobs(logits, labels.to(device), label_mask.to(device)).double().cpu()
             for b, w in enumerate(wanted):
                 for c, q in enumerate(need):

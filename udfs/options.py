@@ -4,9 +4,8 @@ Every option of an example continues the same prompt, so the prompt is encoded o
 - encoder-decoder: the encoder runs once per prompt, and so does the projection of its output to every decoder
   layer's cross-attention keys/values; each option row reads them, the decoder reads `prefix + option` and
   only the option tokens are scored;
-- decoder-only: `prompt + prefix` runs once with the key/value cache on; each option row continues from a
-  copy of its example's cache (`udfs.loglik.logprob_sums` with one prefix group per example, the same code
-  that shares a chain's L(k) prefix).
+- decoder-only: `prompt + prefix` runs once and every option row after it, in one packed pass per example
+  (`udfs.loglik.logprob_sums` with one prefix group per example, the same code that scores a chain's L(k)).
 Numbers equal `udfs.loglik.score` on (prompt + prefix, option) pairs (same tokenisation: source and target
 encoded separately, EOS not scored) whenever nothing is truncated. Two protocol switches change the option tokens:
 - `eos` (seq2seq): the option is encoded with the tokenizer's special tokens, so T5's closing `</s>` is scored
@@ -138,7 +137,7 @@ def _encode(
 def _causal(
     model: Any, tokenizer: Any, examples: list[_Example], batch_size: int, device: str, max_tokens: int | None = None
 ) -> list[list[float]]:
-    """Each example's context runs once (key/value cache on); every option continues from it."""
+    """Each example's context runs once and every option after it, in one packed pass (udfs.loglik)."""
     encoded: list[Encoded] = []
     groups: list[PrefixGroup] = []
     owner: list[tuple[int, int]] = []
