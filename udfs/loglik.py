@@ -384,39 +384,68 @@ def share_prefixes(encoded: Sequence[Encoded], min_shared: int = 2) -> tuple[lis
 
 @dataclass(frozen=True)
 class Packed:
-    """One prefix group laid out as a single sequence: the context once, then every row's own tokens.
+    """One prefix group laid out as a single sequence: the context once, each row right after the context token
+    where its shared prefix ends (so what a row reads of the context lies just before it).
 
-    `segment` is 0 on the context and r + 1 on row r; `visible` is, per position of row r, how much of the
-    context that row reads (its shared prefix), and `positions` restarts each row where its shared prefix ends,
-    so every token sits at the position it has in the pair scored on its own. `scored` lists, per pair with a
-    target, the packed positions whose logits score its target tokens and those tokens.
+    `segment` is 0 on the context and r + 1 on row r; `visible` is, per token of row r, how much of the context
+    that row reads (its shared prefix; a context token: its own position + 1), and `positions` restarts each row
+    where its shared prefix ends, so every token sits at the position it has in the pair scored on its own.
+    `scored` lists, per pair with a target, the packed indices whose logits score its target tokens and those
+    tokens.
     """
 
     ids: list[int]
     positions: list[int]
     segment: list[int]
     visible: list[int]
-    scored: list[tuple[int, list[int], list[int]]]  # (pair, packed positions, target ids)
+    scored: list[tuple[int, list[int], list[int]]]  # (pair, packed indices, target ids)
+
+    def reach(self, window: int) -> int:
+        """How far back (in packed tokens) a sliding-window layer's query reaches: the largest distance from a
+        token to the earliest key it may see under `window` positions."""
+        at = [q for q, seg in enumerate(self.segment) if seg == 0]  # context position -> packed index
+        start = 0  # first index of the current row
+        longest = 0
+        for q, (seg, pos, vis) in enumerate(zip(self.segment, self.positions, self.visible, strict=True)):
+            if seg > 0 and (q == 0 or self.segment[q - 1] != seg):
+                start = q
+            first = max(0, pos - window + 1)  # the earliest position it sees
+            earliest = at[first] if first < vis else start + first - vis  # a row token at offset j has position vis + j
+            longest = max(longest, q - earliest)
+        return longest
 
 
 def pack(encoded: Sequence[Encoded], group: PrefixGroup) -> Packed:
     """A group as one packed sequence (see `Packed`)."""
-    context = list(group.context)
-    ids, positions = list(context), list(range(len(context)))
-    segment, visible = [0] * len(context), list(range(1, len(context) + 1))
-    scored = []
+    after: dict[int, list[tuple[int, int]]] = {}  # visible context length -> its rows (row number, pair)
     for r, (i, v) in enumerate(group.rows, start=1):
-        e = encoded[i]
-        if not e.target_ids:
-            continue
-        seq = (e.source_ids + e.target_ids)[v:-1]  # the last target token predicts nothing
-        start = len(ids)
-        ids += seq
-        positions += range(v, v + len(seq))
-        segment += [r] * len(seq)
-        visible += [v] * len(seq)
-        first = start + len(seq) - len(e.target_ids)  # the logit there scores the first target token
-        scored.append((i, list(range(first, first + len(e.target_ids))), list(e.target_ids)))
+        if encoded[i].target_ids:
+            after.setdefault(v, []).append((r, i))
+    ids: list[int] = []
+    positions: list[int] = []
+    segment: list[int] = []
+    visible: list[int] = []
+    scored = []
+
+    def rows(v: int) -> None:
+        for r, i in after.get(v, ()):
+            e = encoded[i]
+            seq = (e.source_ids + e.target_ids)[v:-1]  # the last target token predicts nothing
+            start = len(ids)
+            ids.extend(seq)
+            positions.extend(range(v, v + len(seq)))
+            segment.extend([r] * len(seq))
+            visible.extend([v] * len(seq))
+            first = start + len(seq) - len(e.target_ids)  # the logit there scores the first target token
+            scored.append((i, list(range(first, first + len(e.target_ids))), list(e.target_ids)))
+
+    rows(0)
+    for t, token in enumerate(group.context):
+        ids.append(token)
+        positions.append(t)
+        segment.append(0)
+        visible.append(t + 1)
+        rows(t + 1)
     return Packed(ids, positions, segment, visible, scored)
 
 
@@ -425,23 +454,42 @@ def packed_masks(segment: torch.Tensor, visible: torch.Tensor, positions: torch.
     """(batch, 1, stop - start, stop) boolean masks of queries start..stop-1 over keys 0..stop-1, True where
     query q may attend key k, for full and for sliding layers (None without a window).
 
-    A context position sees the context up to itself; a row position sees the first `visible` context positions
-    and its own row up to itself; padding (segment -1) sees only itself, so no softmax row is empty. A sliding
-    layer also needs position(q) - position(k) < window: the distance the pair scored alone would have, not the
-    distance in the packed sequence (which counts the context and the other rows in between).
+    A context token sees the context up to itself; a row token sees the context tokens at positions below its
+    `visible` and its own row up to itself; padding (segment -1) sees only itself, so no softmax row is empty. A
+    sliding layer also needs position(q) - position(k) < window: the distance the pair scored alone would have,
+    not the distance in the packed sequence (which counts the other rows in between).
     """
     stop = segment.shape[1] if stop is None else stop
     queries = torch.arange(start, stop, device=segment.device)[None, :, None]
     keys = torch.arange(stop, device=segment.device)[None, None, :]
     q_seg, k_seg = segment[:, start:stop, None], segment[:, None, :stop]
-    in_context = (q_seg >= 0) & (k_seg == 0) & (keys < visible[:, start:stop, None])
+    k_pos = positions[:, None, :stop]
+    in_context = (q_seg >= 0) & (k_seg == 0) & (k_pos < visible[:, start:stop, None])
     own_row = (q_seg == k_seg) & (q_seg > 0) & (keys <= queries)
     pad_self = (q_seg < 0) & (keys == queries)
     full = in_context | own_row | pad_self
     if window is None:
         return full[:, None], None
-    near = (positions[:, start:stop, None] - positions[:, None, :stop]) < window
+    near = (positions[:, start:stop, None] - k_pos) < window
     return full[:, None], (full & (near | pad_self))[:, None]
+
+
+def packed_cache(model: Any, window: int | None, kept: int) -> Any:
+    """A key/value cache for blocks of a packed pass: full layers keep every token; with a window, sliding layers
+    keep the last `kept` tokens (the farthest any query reaches back, `Packed.reach`), so their attention costs a
+    block x (kept + block) instead of a block x all that came before."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()  # no config: lazily a full layer per model layer
+    types = getattr(model.config, "layer_types", None)
+    if window is not None:
+        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+        types = types or ["sliding_attention"] * model.config.num_hidden_layers
+        # DynamicSlidingWindowLayer keeps sliding_window - 1 tokens and returns them before the new ones
+        cache.layers = [DynamicSlidingWindowLayer(sliding_window=kept + 1) if t == "sliding_attention" else DynamicLayer()
+                        for t in types]
+    return cache
 
 
 def _attention_mask(model: Any, full: torch.Tensor, sliding: torch.Tensor | None) -> Any:
@@ -475,8 +523,9 @@ def packed_logprobs(
 
     Every position runs once, so a chain's n+1 L(k) passes cost its tokens plus n short rows, not n prefixes; the
     mask uses each token's own position, so sliding-window layers see exactly what the pair scored alone sees,
-    however long the chain. Long packed sequences run in blocks of queries over a key/value cache that keeps
-    every position (`max_tokens` queries a block, default 2,048): attention memory stays blocks x length.
+    however long the chain. Long packed sequences run in blocks of queries (at most 512) over a key/value cache
+    (`packed_cache`): full layers keep every position, sliding layers only as far back as a query reaches, so
+    their attention stays near the window's cost however long the chain.
     """
     sums: dict[int, float] = {i: 0.0 for g in groups for i, _ in g.rows if not encoded[i].target_ids}
     stats = stats if stats is not None else Stats()
@@ -497,16 +546,19 @@ def packed_logprobs(
         stats.add(segment >= 0)
         # position -> (pair, target token) per batch row: the logits kept are the union over the batch's rows
         wanted = [{q: (i, t) for i, qs, target in p.scored for q, t in zip(qs, target, strict=True)} for p in batch]
-        block = max(1, (max_tokens or 2048) // len(batch))
+        # Queries a block: small enough that a sliding layer's keys (kept + block) stay near its window.
+        block = max(1, min(512, (max_tokens or 2048) // len(batch)))
         cache = None
+        kept = 0
         if width > block:
-            from transformers import DynamicCache
-
-            cache = DynamicCache()  # no config: every layer keeps every position (the mask does the sliding)
+            kept = max(1, max(p.reach(window) for p in batch)) if window is not None else 0
+            cache = packed_cache(model, window, kept)
         for start in range(0, width, block):
             stop = min(width, start + block)
             need = sorted({q for w in wanted for q in w if start <= q < stop})
             full, sliding = packed_masks(segment, visible, positions, window, start, stop)
+            if sliding is not None and cache is not None:  # the keys a sliding layer's cache hands back
+                sliding = sliding[..., max(0, start - kept):]
             kwargs = {
                 "input_ids": ids[:, start:stop].to(device),
                 "position_ids": positions[:, start:stop].to(device),

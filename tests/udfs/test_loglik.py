@@ -356,6 +356,21 @@ def test_packed_masks_hand_values():
     assert torch.equal(block[0, 0], want[3:5, :5])
 
 
+def test_pack_puts_each_row_after_its_shared_prefix_and_reach_counts_the_rows_between():
+    """Context [10 11 12 13]; pair 0 shares 3 tokens (its row runs 20 and its first target token 30), pair 1
+    shares 4 (its row runs 21). Each row sits right after the context token where its prefix ends; a sliding
+    layer of window 2 then reaches back at most 3 packed tokens (context position 3 to position 2, across
+    pair 0's row)."""
+    encoded = [loglik.Encoded([10, 11, 12, 20], [30, 31], False), loglik.Encoded([10, 11, 12, 13, 21], [32], False)]
+    p = loglik.pack(encoded, loglik.PrefixGroup([10, 11, 12, 13], [(0, 3), (1, 4)]))
+    assert p.ids == [10, 11, 12, 20, 30, 13, 21]
+    assert p.positions == [0, 1, 2, 3, 4, 3, 4]
+    assert p.segment == [0, 0, 0, 1, 1, 0, 2]
+    assert p.visible == [1, 2, 3, 3, 3, 4, 4]
+    assert p.scored == [(0, [3, 4], [30, 31]), (1, [6], [32])]
+    assert p.reach(2) == 3 and p.reach(1) == 0 and p.reach(100) == 6  # window 100: row 2 (index 6) reaches context 0
+
+
 def test_packed_pass_with_eager_attention_equals_sdpa(gpt2):
     """The additive mask eager attention takes gives the same scores as the boolean one sdpa takes."""
     _, tok = gpt2
