@@ -162,3 +162,25 @@ def test_gpu_path_tiny_mode_runs_every_path_and_checks(tmp_path):
     gen = r["roles"]["generate causal"]["bf16"][f"batch_{size.gen_batches[-1]}"]
     assert r["utilisation_bf16"][f"generate causal batch_{size.gen_batches[-1]}"]["b"] == pytest.approx(
         gen["flops"] / gen["b_s"] / 1e12)
+
+
+def test_long_chains_workload_is_what_it_says():
+    """bench/long_chains.py's chains: n paragraph steps whose equations all hold (the arithmetic check has
+    nothing to flag, so its cost is measured on checkable text), seeded, and a reasoning-model text of n blank-line
+    paragraphs inside the tags."""
+    import pandas as pd
+    from conftest import load_script
+
+    from jobs.receval import arith_scores
+    from udfs import rcu
+
+    bench = load_script(PROJECT_ROOT / "bench" / "long_chains.py")
+    [one] = bench.case_chains("12")
+    assert len(one["conclusions"]) == len(one["premises"]) == 12 and one["answer"] == one["conclusions"][-1].split()[-2]
+    assert bench.case_chains("12") == [one] and len(bench.case_chains("3x5")) == 3
+    texts = pd.Series([bench.step_text(p, c) for p, c in zip(one["premises"], one["conclusions"], strict=True)])
+    checked = arith_scores.check_texts(texts)
+    assert (checked["valid"] == 1.0).all() and (checked["errors"] == 0).all()
+    text = bench.reasoning_text(30)
+    chain, answer = text.removeprefix("<think>\n").split("\n</think>\n")
+    assert len(rcu.paragraphs(chain)) == 30 and answer.startswith("The answer is ")
