@@ -143,12 +143,6 @@ def _bound(scorer: Scorer, role: str) -> loglik.TargetScoreFn:
     return functools.partial(scorer, role)
 
 
-def role_families(cfg: PviSettings, models: ModelsSettings) -> dict[str, str]:
-    """Model role -> the family its passes are scored as (causal or seq2seq)."""
-    return {"pvi_g": models.pvi_g.family, "pvi_null": models.pvi_null.family,
-            "info_gain": info_gain_family(cfg, models)}
-
-
 def _factories(cfg: PviSettings, models: ModelsSettings, rt: RuntimeSettings,
                scorer: Scorer | None) -> dict[str, Callable[[], loglik.TargetScoreFn]]:
     refs = {"pvi_g": models.pvi_g, "pvi_null": models.pvi_null, "info_gain": models.info_gain}
@@ -158,7 +152,8 @@ def _factories(cfg: PviSettings, models: ModelsSettings, rt: RuntimeSettings,
     # None: each model's own position limit, read from its config on the worker (runtime.max_length is the
     # NLI cap and not the LMs': GPT-2 takes 1,024 positions, and a 512 cut left-truncated long chains' L(k)).
     max_length = cfg.max_length
-    families = role_families(cfg, models)
+    families = {"pvi_g": refs["pvi_g"].family, "pvi_null": refs["pvi_null"].family,
+                "info_gain": info_gain_family(cfg, models)}
     return {
         role: loglik.model_scorer_factory(
             ref.path, families[role], rt.device, rt.dtype, ref.revision, batch_size, max_length,
@@ -188,19 +183,15 @@ def transform(steps: DataFrame, contexts: DataFrame, cfg: PviSettings, models: M
     reqs = requests(steps, contexts, cfg, models, rt, embed)
     # runtime.dedup=False scores every request (2n L(k) passes, g' per step): the join below then meets copies,
     # which the max in `pick` absorbs, so the scores are the same.
-    # A distinct pass keeps the first chain that asked for it. A causal LM's passes are partitioned and sorted by
-    # that chain, so a chain's L(k) passes reach the scorer in one batch, where runtime.share_prefix scores them
-    # in one packed pass; the passes no prefix is shared for (a seq2seq g and g') are spread by their text, so a
-    # night of one long chain keeps every core busy with its g passes, not one.
+    # A distinct pass keeps the first chain that asked for it: partitioned and sorted by that chain, a chain's
+    # L(k) passes reach the scorer in one batch, where runtime.share_prefix runs their common prefix once.
     # The explicit partition count keeps adaptive execution from coalescing the (few, small) pair rows into
     # one task: the model work must spread over every core. Chains differ in cost and hashing them is uneven,
     # so each core gets several partitions, which evens out the load.
     pairs = reqs.select("role", "source", "target", F.col(ST.CHAIN_ID).alias("_chain"))
     if rt.dedup:
         pairs = pairs.groupBy("role", "source", "target").agg(F.min("_chain").alias("_chain"))
-    shared = [role for role, family in role_families(cfg, models).items() if family == "causal" and rt.share_prefix]
-    key = F.when(F.col("role").isin(shared), F.col("_chain")).otherwise(F.xxhash64("source", "target").cast("string"))
-    pairs = pairs.withColumn("_chain", key).repartition(4 * _parallelism(steps), "_chain").sortWithinPartitions("_chain")
+    pairs = pairs.repartition(4 * _parallelism(steps), "_chain").sortWithinPartitions("_chain")
     on_error = rt.on_row_error
     scored = None
     for role, factory in _factories(cfg, models, rt, scorer).items():
