@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from pyspark import cloudpickle
 from pyspark.sql import Row
 from pyspark.sql import functions as F
@@ -117,6 +118,7 @@ def _chain(conclusions: list[str]) -> list[tuple[list[str], str]]:
     return [([f"r{i}"], c) for i, c in enumerate(conclusions)]
 
 
+@pytest.mark.slow  # Spark jobs with the encoder: the default set is at its budget (docs/TESTING.md)
 def test_long_chain_keeps_hand_derived_candidates_embedding_each_chain_once(spark, make_settings, tmp_path):
     chains = [("long", LONG_CONTEXT, _chain(LONG)), ("bare", None, _chain(NO_CONTEXT)), SHORT[0]]
     steps, contexts = frames(spark, chains, "h")
@@ -172,6 +174,7 @@ INTRA_PREMISES = [
 ]
 
 
+@pytest.mark.slow  # Spark jobs with the encoder: the default set is at its budget (docs/TESTING.md)
 def test_intra_relevant_keeps_own_premises_and_closest_conclusions_in_chain_order(spark, make_settings, tmp_path):
     steps, contexts = frames(spark, [("intra", ["ctx"], INTRA_CHAIN)], "h")
     settings = make_settings("nli.intra_top_k=2", "nli.inter_history=all")
@@ -192,6 +195,7 @@ def test_intra_relevant_keeps_own_premises_and_closest_conclusions_in_chain_orde
     assert set(log.read_text(encoding="utf-8").split()) == {"7"}
 
 
+@pytest.mark.slow  # Spark jobs with the encoder: the default set is at its budget (docs/TESTING.md)
 def test_run_embeds_each_long_chain_once_and_writes_the_kept_scores(spark, make_settings, tmp_path):
     settings = make_settings("nli.inter_top_k=2", "nli.inter_recent=1", "nli.intra_history=all")
     _write_inputs(spark, settings, [("long", LONG_CONTEXT, _chain(LONG)), SHORT[0]])
@@ -208,6 +212,7 @@ def test_run_embeds_each_long_chain_once_and_writes_the_kept_scores(spark, make_
     assert (row[SS.INTER_WORST_PREMISE], row[SS.INTER]) == ("apple red", 1.0 - fake_probs("apple red", "apple tea")[2])
 
 
+@pytest.mark.slow  # Spark jobs with the encoder: the default set is at its budget (docs/TESTING.md)
 def test_pvi_g_source_keeps_the_same_relevant_conclusions(spark, make_settings, tmp_path):
     """pvi.intra_history=relevant: g's source joins the step's own premise RCUs and the same earlier conclusions
     the NLI intra premise keeps (udfs.candidates.intra_relevant), with " & "; g' and L(k) are unchanged."""
