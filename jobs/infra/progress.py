@@ -161,8 +161,11 @@ class Progress:
         tasks = self.tasks_finished
         batch = f"; this batch: {tasks} Spark tasks finished" if tasks is not None else ""
         if self._batch_rows and len(self._parts) > 1:  # the rows each part of the batch finished
-            batch += ", rows " + ", ".join(f"{label or 'done'} {self._part_done(label):,}/{self._batch_rows:,}"
-                                           for label in self._parts)
+            # Capped as the share is: a partition Spark computes twice (a frame read by two jobs) counts twice.
+            batch += ", rows " + ", ".join(
+                f"{label or 'done'} {min(self._part_done(label), self._batch_rows):,}/{self._batch_rows:,}"
+                for label in self._parts
+            )
         elapsed = time.time() - self.started
         for label, acc in self._counters.items():
             batch += f"; {label} {int(acc.value):,} ({int(acc.value) / max(elapsed, 1e-9):.3g}/s)"
