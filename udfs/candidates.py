@@ -31,6 +31,19 @@ EmbedFn = Callable[[list[str]], np.ndarray]
 EmbedFactory = Callable[[], EmbedFn]
 
 
+def once(embed: EmbedFactory) -> EmbedFactory:
+    """`embed` called at most once (a task's first chain that needs the encoder), its encoder reused after; a task
+    whose chains need none never builds it. The weights load once per worker anyway (udfs.runtime's cache)."""
+    built: list[EmbedFn] = []
+
+    def factory() -> EmbedFn:
+        if not built:
+            built.append(embed())
+        return built[0]
+
+    return factory
+
+
 def blank(text: str | None) -> bool:
     return text is None or not str(text).strip()
 

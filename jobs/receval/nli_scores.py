@@ -132,14 +132,7 @@ def select_relevant(chains: pd.DataFrame, cfg: NliSettings, embed: candidates.Em
 
 def _selections(chains: DataFrame, cfg: NliSettings, embed: candidates.EmbedFactory) -> DataFrame:
     """Per step: what the relevant options keep, from one grouped applyInPandas call per chain."""
-    loaded: list[candidates.EmbedFn] = []
-
-    def encoder() -> candidates.EmbedFn:
-        # The factory at most once per task, and only when a chain needs it: a task of short chains never loads
-        # the encoder. The weights themselves load once per worker (udfs.runtime's cache).
-        if not loaded:
-            loaded.append(embed())
-        return loaded[0]
+    encoder = candidates.once(embed)
 
     def select(pdf: pd.DataFrame) -> pd.DataFrame:
         return select_relevant(pdf, cfg, encoder)

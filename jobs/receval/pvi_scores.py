@@ -70,14 +70,9 @@ _REQUESTS = StructType(
 
 def _requests_fn(family: str, history: str | int, empty_premises: str = "empty_join", top_k: int = 8,
                  embed: candidates.EmbedFactory | None = None):
-    loaded: list[candidates.EmbedFn] = []
-
-    def encoder() -> candidates.EmbedFn:  # loaded only when a chain has a step over top_k, once per task
-        if embed is None:
-            raise ValueError("pvi.intra_history=relevant needs an embed factory")
-        if not loaded:
-            loaded.append(embed())
-        return loaded[0]
+    if history == RELEVANT and embed is None:
+        raise ValueError("pvi.intra_history=relevant needs an embed factory")
+    encoder = candidates.once(embed) if embed is not None else None  # built only when a chain has a step over top_k
 
     def build(chain: pd.DataFrame) -> pd.DataFrame:
         chain = chain.sort_values(ST.STEP_IDX)
