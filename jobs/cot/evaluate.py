@@ -495,7 +495,7 @@ def metrics_frame(spark: SparkSession, metrics: pd.DataFrame, run_id: str | None
         for row in metrics[schema.fieldNames()].itertuples(index=False, name=None)
     ]
     df = spark.createDataFrame(records, schema)
-    return df.withColumn(S.RUN_ID, F.lit(run_id).cast("string")).withColumn(S.COMPUTED_AT, F.current_timestamp())
+    return df.withColumn(S.RUN_ID, F.lit(run_id).cast("string")).withColumn(S.COMPUTED_AT, tables.now())
 
 
 def examples_frame(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:

@@ -6,6 +6,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 
 from delta import exceptions as delta_errors
 from delta.tables import DeltaTable
@@ -31,6 +32,14 @@ CONFLICTS = (
 # notebook), and give up with a clear word rather than spin.
 COMMIT_ATTEMPTS = 5
 FIRST_BACKOFF_S = 1.0
+
+
+def now() -> Column:
+    """This moment as a timestamp literal, for the `*_at` columns. Not `F.current_timestamp()`: a Delta MERGE
+    whose source holds that expression never finds the source in the cache, so every persisted frame written
+    with it was computed again by its MERGE: the scores stage ran its NLI and PVI models twice per batch
+    (tests/test_tables.py, docs/design/RECEVAL.md "One model pass per step")."""
+    return F.lit(datetime.now(UTC)).cast("timestamp")
 
 
 class CommitConflict(RuntimeError):
@@ -275,7 +284,7 @@ def quarantine_rows(
         raw_col.alias(Q.RAW),
         as_col(source).alias(Q.SOURCE),
         F.lit(run_id).cast("string").alias(Q.RUN_ID),
-        F.current_timestamp().alias(Q.QUARANTINED_AT),
+        now().alias(Q.QUARANTINED_AT),
     )
 
 

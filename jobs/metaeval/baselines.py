@@ -155,7 +155,7 @@ def transform(chains: DataFrame, cfg: BaselineSettings, models: ModelsSettings, 
             yield score_batch(pdf, groups, reference_based, nlp, embedder, contra, names, per_step)
 
     chosen = chains.select(C.CHAIN_ID, C.CONTEXT, C.STEPS, C.CHAIN_TEXT, C.GOLD_STEPS)
-    return chosen.mapInPandas(score, _OUT).withColumn(B.COMPUTED_AT, F.current_timestamp())
+    return chosen.mapInPandas(score, _OUT).withColumn(B.COMPUTED_AT, tables.now())
 
 
 def split(scored: DataFrame) -> Scored:

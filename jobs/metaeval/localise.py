@@ -299,7 +299,7 @@ def transform(spark: SparkSession, step_scores: DataFrame, chains: DataFrame, st
     evaluation = evaluate(items, metrics, cfg)
     extra = {LO.CONFIG_HASH: config_hash, LO.RUN_ID: run_id}
     results = spark.createDataFrame([r | extra for r in evaluation.results], _without(LO.SCHEMA, LO.COMPUTED_AT))
-    results = results.withColumn(LO.COMPUTED_AT, F.current_timestamp())
+    results = results.withColumn(LO.COMPUTED_AT, tables.now())
     predictions = spark.createDataFrame([p | extra for p in evaluation.predictions], LO.PREDICTIONS_SCHEMA)
     counts = {"read": int(n_read), "evaluated": len(items), "quarantined": int(n_bad),
               "not_scored": int(n_read) - int(n_bad) - len(items)}

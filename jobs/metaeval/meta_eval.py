@@ -186,7 +186,7 @@ def transform(spark: SparkSession, chain_scores: DataFrame, chains: DataFrame, b
                             progress_seconds)
     results = results.unionByName(spark_auc(tagged.where(big), cfg.ci_level))
     out = results.withColumn(M.CONFIG_HASH, F.lit(config_hash)).withColumn(M.RUN_ID, F.lit(None).cast("string"))
-    return tables.conform(out.withColumn(M.COMPUTED_AT, F.current_timestamp()), M.SCHEMA)
+    return tables.conform(out.withColumn(M.COMPUTED_AT, tables.now()), M.SCHEMA)
 
 
 # ---------------------------------------------------------------------------------------------- reports

@@ -355,7 +355,7 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, Any]:
                 report[kind] = sum(1 for r in built if r[C.LABELS][kind] == PERTURBED)
             progress.commit(len(rows))
     df = spark.createDataFrame([{f.name: r.get(f.name) for f in C.SCHEMA.fields} for r in records], C.SCHEMA)
-    df = df.withColumn(C.INGESTED_AT, F.current_timestamp())
+    df = df.withColumn(C.INGESTED_AT, tables.now())
     path = settings.table("chains")
     existing = tables.read(spark, path, C.SCHEMA).select(C.CHAIN_ID, F.col(C.CONTENT_HASH).alias("_old"))
     conflicts = df.join(existing, C.CHAIN_ID).where(F.col("_old") != F.col(C.CONTENT_HASH)).count()

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from jobs.infra import tables
 from jobs.infra.config import Settings, resolve_path
@@ -113,7 +112,7 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> t
         for r in conflicts
     ]
     chains = spark.createDataFrame([{f.name: r.get(f.name) for f in C.SCHEMA.fields} for r in fresh], C.SCHEMA)
-    inserted = tables.insert_new(spark, chains.withColumn(C.INGESTED_AT, F.current_timestamp()), path, C.SCHEMA,
+    inserted = tables.insert_new(spark, chains.withColumn(C.INGESTED_AT, tables.now()), path, C.SCHEMA,
                                  [C.CHAIN_ID])
     # Step labels of the chains present too: a run stopped between the two writes is completed by the next one.
     kept = {r[C.CHAIN_ID] for r in fresh + present}
@@ -121,7 +120,7 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> t
     labels_inserted = tables.insert_new(spark, labels, settings.table("step_labels"), SL.SCHEMA, SL.KEY)
     if rejected:
         rows = spark.createDataFrame([r | {Q.RUN_ID: run_id} for r in rejected], Q.SCHEMA)
-        tables.append_quarantine(spark, settings, rows.withColumn(Q.QUARANTINED_AT, F.current_timestamp()))
+        tables.append_quarantine(spark, settings, rows.withColumn(Q.QUARANTINED_AT, tables.now()))
     by_reason = dict(Counter(r[Q.REASON] for r in rejected))
     counts = {"read": loaded.read, "inserted": inserted, "already_present": len(present),
               "quarantined": len(rejected), "step_labels_inserted": labels_inserted}

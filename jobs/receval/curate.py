@@ -158,7 +158,7 @@ def decide(chain_scores: DataFrame, rule_list: list[Rule], rules_hash: str, run_
         .withColumn(CU.FAILED_RULES, failed)
         .withColumn(PASSED, F.size(CU.FAILED_RULES) == 0)
         .withColumn(CU.RUN_ID, F.lit(run_id).cast("string"))
-        .withColumn(CU.CURATED_AT, F.current_timestamp())
+        .withColumn(CU.CURATED_AT, tables.now())
     )
     return tables.conform(out, DECISION_SCHEMA)
 

@@ -624,7 +624,7 @@ def transform(
     chains = ranked.where(F.col("_rank") == 1).select(
         *[c for c in record_schema.fieldNames()],
         F.col("source").alias(C.SOURCE),
-        F.current_timestamp().alias(C.INGESTED_AT),
+        tables.now().alias(C.INGESTED_AT),
     )
     dups = ranked.where(F.col("_rank") > 1)
     dup_rows = tables.quarantine_rows(

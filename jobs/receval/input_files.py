@@ -54,5 +54,5 @@ def record(spark: SparkSession, path: str, new: Sequence[Fingerprint], run_id: s
     rows = spark.createDataFrame(
         [(p, size, mtime, run_id, shaped) for p, size, mtime, shaped in new],
         "path string, size long, modified_ns long, run_id string, ingest_hash string",
-    ).withColumn(P.SEEN_AT, F.current_timestamp())
+    ).withColumn(P.SEEN_AT, tables.now())
     return tables.insert_new(spark, rows, path, P.INPUT_FILES_SCHEMA, P.INPUT_FILES_KEYS)

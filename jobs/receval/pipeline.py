@@ -206,7 +206,7 @@ def _record_unscored(ctx: Context, stage: ChainStage, ids: DataFrame) -> int:
         F.lit(ctx.config_hash).alias(P.CONFIG_HASH),
         F.lit(stage.name).alias(P.STAGE),
         F.lit(ctx.run_id).alias(P.RUN_ID),
-        F.current_timestamp().alias(P.RECORDED_AT),
+        tables.now().alias(P.RECORDED_AT),
     )
     return tables.insert_new(ctx.spark, rows, ctx.table("unscored"), P.UNSCORED_SCHEMA, P.UNSCORED_KEYS)
 

@@ -93,7 +93,7 @@ def score_steps(
         F.lit(_model_id(models.pvi_g, pvi is None)).alias(SS.PVI_MODEL),
         F.lit(_model_id(models.pvi_null, pvi is None)).alias(SS.PVI_NULL_MODEL),
         F.lit(_model_id(models.info_gain, pvi is None)).alias(SS.IG_MODEL),
-        F.current_timestamp().alias(SS.SCORED_AT),
+        tables.now().alias(SS.SCORED_AT),
         error.alias(ERROR),
         F.col("_raw"),
     )

@@ -90,3 +90,26 @@ def test_run_writes_once_and_reruns_add_nothing(spark, settings):
     flags = tables.read(spark, settings.table("step_scores")).orderBy(SS.STEP_IDX).select(SS.PVI_TRUNCATED).collect()
     assert [r[0] for r in flags] == [False, True]
     assert tables.read(spark, settings.table("quarantine")).count() == 3
+
+
+def test_run_computes_each_steps_scores_once(spark, settings):
+    # The models' work is the NLI and PVI frames: a Python UDF counts the rows each computes. score.run holds the
+    # scored rows, and its MERGE into step_scores, quarantine and the counts must all read them from the cache;
+    # a second pass doubles a night's model time (a MERGE source with F.current_timestamp() misses the cache).
+    h = settings.scoring_hash()
+    seen = spark.sparkContext.accumulator(0)
+
+    @F.udf("double")
+    def once(x):
+        seen.add(1)
+        return x
+
+    def nli(steps, contexts, s):
+        return _nli(steps, contexts, s).withColumn(SS.INTRA_ENTAIL, once(SS.INTRA_ENTAIL))
+
+    def pvi(steps, contexts, s):
+        return _pvi(steps, contexts, s).withColumn(SS.INTRA_PVI, once(SS.INTRA_PVI))
+
+    counts = score.run(spark, settings, _steps(spark, h), _contexts(spark, h), "run-1", nli=nli, pvi=pvi)
+    assert counts == {"steps": 5, "written": 2, "quarantined": 3, "truncated": 1}
+    assert seen.value == 5 + 4  # NLI scores every step; PVI every step but pvi-gap's one
