@@ -38,7 +38,7 @@ def now() -> Column:
     """This moment as a timestamp literal, for the `*_at` columns. Not `F.current_timestamp()`: a Delta MERGE
     whose source holds that expression never finds the source in the cache, so every persisted frame written
     with it was computed again by its MERGE: the scores stage ran its NLI and PVI models twice per batch
-    (tests/test_tables.py, docs/design/RECEVAL.md "One model pass per step")."""
+    (tests/jobs/test_score.py counts them)."""
     return F.lit(datetime.now(UTC)).cast("timestamp")
 
 
