@@ -267,7 +267,7 @@ def tokenize(text: str, offset: int = 0) -> list[Tok]:
                 group = _brace_group(text, pos)
                 if group is not None:
                     pos = group[1]
-                out.append(Tok(VAR, s, (group[1] if group else pos) + offset - (0 if group else 0), name))
+                out.append(Tok(VAR, s, (group[1] if group else pos) + offset, name))
             else:  # \pi, \alpha, \sin, \log, \overline, \pm, ...: an unknown
                 out.append(Tok(VAR, s, e, name))
         elif kind == "sym":
@@ -680,7 +680,7 @@ def evaluate(tokens: Sequence[Tok]) -> list[Val]:
 
 # ---------------------------------------------------------------------------------------- claims
 @dataclass(frozen=True)
-class Claim:
+class Equation:
     """One checked equation: its text, both sides' values and whether it holds at its written precision."""
 
     text: str
@@ -697,14 +697,14 @@ class Claim:
 
 @dataclass(frozen=True)
 class StepCheck:
-    claims: tuple[Claim, ...] = ()
+    claims: tuple[Equation, ...] = ()
 
     @property
     def checked(self) -> int:
         return len(self.claims)
 
     @property
-    def failed(self) -> tuple[Claim, ...]:
+    def failed(self) -> tuple[Equation, ...]:
         return tuple(c for c in self.claims if not c.holds)
 
     @property
@@ -788,7 +788,7 @@ def _side(toks: list[Tok]) -> _Side:
                 units.append(_unit_key(first))
                 if depth == 0:
                     term_units.add(_unit_key(first))
-        last_num = t.kind in (NUM, PCT) or (t.kind == UNIT and last_num and False)
+        last_num = t.kind in (NUM, PCT)
         if t.kind == LP:
             depth += 1
         elif t.kind == RP:
@@ -949,13 +949,13 @@ def _split(run: list[Tok], soft: bool) -> tuple[list[list[Tok]], list[bool]]:
     return sides, approx
 
 
-def claims(text: str) -> list[Claim]:
+def claims(text: str) -> list[Equation]:
     """Every checkable equation in a step, in order (see the module docstring for what is checked)."""
     if not text or ("=" not in text and "≈" not in text and "approx" not in text and "simeq" not in text):
         return []
     source = _preprocess(text)
     toks = _resolve(tokenize(source))
-    out: list[Claim] = []
+    out: list[Equation] = []
     for run, soft in _runs(toks):
         if not any(t.kind == EQ for t in run):
             continue
@@ -984,7 +984,7 @@ def claims(text: str) -> list[Claim]:
             if result is None:
                 continue
             holds, lv, rv = result
-            out.append(Claim(f"{_text(source, left.toks)} {'≈' if approx[i] else '='} "
+            out.append(Equation(f"{_text(source, left.toks)} {'≈' if approx[i] else '='} "
                              f"{_text(source, right.toks, trailing_units=False)}",
                              lv, rv, holds, approx[i], right.literal is None and left.literal is not None))
             chained = True
