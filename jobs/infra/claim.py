@@ -61,7 +61,6 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -386,15 +385,6 @@ def release(claim: Claim) -> None:
         _held.pop(claim.where, None)
     claim.release()
     log.info("[claim] %s released the lake %s", claim.holder.run_id, claim.where.parent)
-
-
-@contextlib.contextmanager
-def hold(settings: Settings, job: str, run_id: str, force: bool = False) -> Iterator[Claim]:
-    claim = take(settings, job, run_id, force)
-    try:
-        yield claim
-    finally:
-        release(claim)
 
 
 def check_held(settings: Settings) -> None:
