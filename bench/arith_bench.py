@@ -30,6 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # bench/ungrounded.py, also when this file is loaded by its path
+
+from ungrounded import ungrounded_counts  # noqa: E402
 
 from udfs import arith  # noqa: E402
 
@@ -85,7 +88,7 @@ def arith_flags(item: dict, cache: dict) -> list[bool]:
 
 
 def ungrounded_flags(item: dict) -> list[bool]:
-    return [n > 0 for n in arith.ungrounded_counts(item["problem"], item["steps"])]
+    return [n > 0 for n in ungrounded_counts(item["problem"], item["steps"])]
 
 
 def measure(data: Path, show: int) -> str:
@@ -133,7 +136,7 @@ def roscoe_tables(data: Path) -> list[str]:
     started = time.time()
     records, step_rows = load_roscoe(data)
     checks = {r["chain_id"]: [arith.check_step(s) for s in r["steps"]] for r in records}
-    ungrounded = {r["chain_id"]: arith.ungrounded_counts(r["context"], r["steps"]) for r in records}
+    ungrounded = {r["chain_id"]: ungrounded_counts(r["context"], r["steps"]) for r in records}
     scores = {
         "arith_valid_min (no equation: 1)": lambda cid: min((c.valid for c in checks[cid] if c.valid is not None),
                                                            default=1.0),
