@@ -284,8 +284,10 @@ def tokenize(text: str, offset: int = 0) -> list[Tok]:
             elif g == "%":
                 out.append(Tok(PCT, s, e))
             elif g == "!":
-                # n! only where an expression goes on (`5! = 120`, `5!/3!`): "= 12!" ends a sentence.
-                nxt = re.match(r"\s*([=+\-*/)}^]|\\(?:times|cdot|div|right|frac))", text[pos:pos + 12])
+                # n! only where an expression goes on (`5! = 120`, `5!/3!`) or a formula ends (`\[ 11! = 11 \times
+                # 10! \]`: inside math, `!` is a factorial): "= 12!" in prose ends a sentence.
+                nxt = re.match(r"\s*([=+\-*/)}^&]|\\(?:times|cdot|div|right|frac)|\\[)\]\\]|\$(?![\d.]))",
+                               text[pos:pos + 12])
                 out.append(Tok(FACT if nxt and out and out[-1].kind in (NUM, RP) and out[-1].end == s else BREAK,
                                s, e))
             elif g == "$":

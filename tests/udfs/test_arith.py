@@ -101,6 +101,12 @@ CASES = {
     "division by zero": ("5 / 0 = 3 and 2^100000 = 1", []),
     "sentence end": ("So 3 * 4 = 12! That's it.", [(12, 12, True)]),
     "calculator annotation": ("She pays 3 * 4 = <<3*4=12>>12 dollars.", [(12, 12, True)]),
+    # --- competition-level forms (issue 57): read right, or skipped
+    # a factorial before a closing math delimiter: 3/2 * 24 + 1/2 * 24 = 36 + 12 = 48 = 2 * 24 (not 2 * 4)
+    "factorial at the end of a side": (
+        r"\(\frac{3}{2}\cdot 4! + \frac{1}{2}\cdot 4! = 2\cdot 4!\) \[ 11! = 11 \times 10! \] and $5! = 5 \cdot 4!$",
+        [(48, 48, True), (39916800, 39916800, True), (120, 120, True)]),
+    "factorial at the end, wrong": (r"\(\frac{3}{2}\cdot 4! + \frac{1}{2}\cdot 4! = 3\cdot 4!\)", [(48, 72, False)]),
 }
 
 
