@@ -199,8 +199,11 @@ def tokenize(text: str, offset: int = 0) -> list[Tok]:
             elif len(g) == 1:  # a / A / I: an article or pronoun before a word, else a variable
                 nxt = re.match(r"\s*[A-Za-z]", text[pos:pos + 20])
                 out.append(Tok(WORD if nxt else VAR, s, e, low))
-            elif out and out[-1].kind == NUM and out[-1].end == s and (low not in ATTACHED_UNITS or low in ORDINALS):
-                out.append(Tok(VAR, s, e, low))  # 3ab, 5AD: a product with unknowns; 6th: a position
+            elif out and out[-1].end == s and (out[-1].kind == NUM or out[-1].kind == RP and text[m.start() - 1] == "}") \
+                    and (low not in ATTACHED_UNITS or low in ORDINALS):
+                # 3ab, 5AD, \frac{1}{2}xy: a product with unknowns (in LaTeX, letters after a group are symbols);
+                # 6th: a position
+                out.append(Tok(VAR, s, e, low))
             elif g.isupper() and len(g) <= 3:
                 out.append(Tok(VAR, s, e, low))  # AB, OP: points and segments
             else:
@@ -790,7 +793,7 @@ def _side(toks: list[Tok]) -> _Side:
                 units.append(_unit_key(first))
                 if depth == 0:
                     term_units.add(_unit_key(first))
-        last_num = t.kind in (NUM, PCT)
+        last_num = t.kind in (NUM, PCT, RP)  # a unit after a bracket is its group's (`\frac{1}{2} cup`)
         if t.kind == LP:
             depth += 1
         elif t.kind == RP:

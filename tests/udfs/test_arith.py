@@ -107,6 +107,8 @@ CASES = {
         r"\(\frac{3}{2}\cdot 4! + \frac{1}{2}\cdot 4! = 2\cdot 4!\) \[ 11! = 11 \times 10! \] and $5! = 5 \cdot 4!$",
         [(48, 48, True), (39916800, 39916800, True), (120, 120, True)]),
     "factorial at the end, wrong": (r"\(\frac{3}{2}\cdot 4! + \frac{1}{2}\cdot 4! = 3\cdot 4!\)", [(48, 72, False)]),
+    # letters next to a fraction are unknowns, attached or not (a word after a fraction is its unit, never a number)
+    "letters next to a fraction": (r"\(\frac{1}{2}xy = 5\), \(V = \frac{1}{3}Bh = 4\), \(\frac{1}{2} mn = 6\)", []),
 }
 
 
