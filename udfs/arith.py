@@ -87,6 +87,7 @@ WORD_OPS = {"times": "*", "plus": "+", "minus": "-", "mod": "mod", "modulo": "mo
 _LATEX_OPS = {"times": "*", "cdot": "*", "ast": "*", "div": "/", "bmod": "mod", "mod": "mod"}
 _LATEX_IGNORE = frozenset("""left right big Big bigg Bigg bigl bigr Bigl Bigr biggl biggr Biggl Biggr displaystyle
 textstyle scriptstyle limits nolimits boxed fbox hline nonumber notag degree circ mathstrut strut phantom""".split())
+_LATEX_SIZES = frozenset("left big Big bigg Bigg bigl Bigl biggl Biggl".split())  # before a bracket
 _LATEX_BREAK = frozenset("""quad qquad neq ne le leq ge geq lt gt ll gg leqslant geqslant Rightarrow rightarrow
 Longrightarrow longrightarrow implies to iff Leftrightarrow Leftarrow leftarrow therefore because equiv cong in
 notin subset subseteq supset cup cap mid nmid propto perp parallel land lor wedge vee setminus not colon and text
@@ -177,6 +178,7 @@ def tokenize(text: str, offset: int = 0) -> list[Tok]:
     """Raw tokens of (preprocessed) text; `offset` shifts positions (text inside \\text{...})."""
     out: list[Tok] = []
     pos, n = 0, len(text)
+    sized: int | None = None  # where a `\left` (`\bigl`, ...) before the next token starts
     while pos < n:
         m = _TOKEN.match(text, pos)
         if m is None:  # cannot happen: `other` matches any character
@@ -186,6 +188,7 @@ def tokenize(text: str, offset: int = 0) -> list[Tok]:
         pos = m.end()
         if kind == "ws":
             continue
+        opened_at, sized = sized, None
         if kind == "nl":
             out.append(Tok(NL, s, e))
         elif kind == "num":
@@ -217,7 +220,7 @@ def tokenize(text: str, offset: int = 0) -> list[Tok]:
             if c in "()[]":
                 out.append(Tok(BREAK, s, e, HARD))  # math delimiters
             elif c == "{":
-                out.append(Tok(LP, s, e))
+                out.append(Tok(LP, s if opened_at is None else opened_at, e))
             elif c == "}":
                 out.append(Tok(RP, s, e))
             elif c == "%":
@@ -263,7 +266,7 @@ def tokenize(text: str, offset: int = 0) -> list[Tok]:
             elif name in _LATEX_ELLIPSIS:
                 out.append(Tok(ELLIPSIS, s, e))
             elif name in _LATEX_IGNORE:
-                pass
+                sized = s if name in _LATEX_SIZES else None
             elif name in _LATEX_BREAK:
                 out.append(Tok(BREAK, s, e, HARD))
             elif name in _LATEX_SYMBOL:
@@ -281,7 +284,8 @@ def tokenize(text: str, offset: int = 0) -> list[Tok]:
             elif g in "+-*/^":
                 out.append(Tok(OP, s, e, g))
             elif g in "([{":
-                out.append(Tok(LP, s, e, g))
+                # `\left(` is one bracket: a claim's text starts at `\left`, not at `(`
+                out.append(Tok(LP, s if opened_at is None else opened_at, e, g))
             elif g in ")]}":
                 out.append(Tok(RP, s, e))
             elif g == "%":

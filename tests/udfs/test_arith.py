@@ -109,6 +109,9 @@ CASES = {
     "factorial at the end, wrong": (r"\(\frac{3}{2}\cdot 4! + \frac{1}{2}\cdot 4! = 3\cdot 4!\)", [(48, 72, False)]),
     # letters next to a fraction are unknowns, attached or not (a word after a fraction is its unit, never a number)
     "letters next to a fraction": (r"\(\frac{1}{2}xy = 5\), \(V = \frac{1}{3}Bh = 4\), \(\frac{1}{2} mn = 6\)", []),
+    # 2 [1 + 2^2] = 10
+    "left right": (r"\(\left( \frac{1}{2} + 3 \right) \cdot 2 = 7\), \(2\left[ 1 + \left( 3 - 1 \right)^2 \right] = 9\)",
+                   [(7, 7, True), (10, 9, False)]),
 }
 
 
@@ -126,6 +129,9 @@ def test_step_scores_and_the_failing_equation_with_its_real_value():
     assert arith.check_step("7 = 2^3").detail == "7 = 2^3 (is 8)"
     assert arith.check_step("10/3 = 3.4").detail == "10/3 = 3.4 (is 10/3 ≈ 3.33333)"
     assert arith.check_step("1/8 = 0.2").detail == "1/8 = 0.2 (is 0.125)"
+    # `\left(` is shown with its group
+    assert arith.check_step(r"\(\left( \frac{1}{2} + 3 \right) \cdot 2 = 8\)").detail == \
+        r"\left( \frac{1}{2} + 3 \right) \cdot 2 = 8 (is 7)"
     none = arith.check_step("No equation here, only 42 apples.")
     assert (none.checked, none.errors, none.valid, none.detail) == (0, 0, None, None)
 
