@@ -12,6 +12,8 @@ What is read
   `pounds/book`, `miles per hour`), degrees. Chains `a = b = c` give one claim per neighbouring pair of sides;
   `\\approx`, `≈` and "approximately" after `=` mark an approximate claim. A running computation
   (`3 + 4 = 7 * 2 = 14`: the value written, then multiplied or divided) holds when it starts with exactly the value.
+  A quotient and a remainder (`17 \\div 5 = 3 \\text{ remainder } 2`, `17 / 5 = 3 R 2`) hold when 17 = 5 * 3 + 2
+  and the remainder is below the divisor.
 
 Which pairs are claims (the rest is skipped, never flagged)
   - Both sides evaluate: a side with an unknown (a letter, `\\pi`, a function, `...`) is skipped, so are
@@ -81,6 +83,7 @@ has have had will would can could should must may might do does did now also onl
 therefore thus hence giving get gets got find found left right first second third next last all both
 """.split()) - {"per", "left"}
 
+REMAINDER_WORDS = frozenset({"r", "rem", "remainder"})  # `17 / 5 = 3 R 2`, `3 \text{ remainder } 2`
 APPROX_WORDS = frozenset({"approximately", "approx", "about", "roughly", "around", "nearly", "almost"})
 WORD_OPS = {"times": "*", "plus": "+", "minus": "-", "mod": "mod", "modulo": "mod"}
 
@@ -248,7 +251,7 @@ def tokenize(text: str, offset: int = 0) -> list[Tok]:
                 if re.search(r"\d", content):
                     out.extend(tokenize(content, offset + inner_start))
                 elif len(stripped) == 1 and stripped.isalpha():
-                    out.append(Tok(VAR, s, after + offset))
+                    out.append(Tok(VAR, s, after + offset, stripped.lower()))
                 elif stripped.lower() in STOPWORDS or not stripped:
                     out.append(Tok(BREAK if stripped else WORD, s, after + offset, stripped.lower()))
                 else:
@@ -343,7 +346,11 @@ def _resolve(raw: list[Tok]) -> list[Tok]:
         t = raw[i]
         p = prev()
         k = t.kind
-        if k == WORD:
+        if k in (WORD, TEXT, VAR) and t.value in REMAINDER_WORDS and p is not None and p.kind == NUM \
+                and p.decimals == 0 and len(out) >= 2 and out[-2].kind == EQ and i + 1 < n and raw[i + 1].kind == NUM \
+                and raw[i + 1].decimals == 0:
+            out.append(Tok(OP, t.start, t.end, "rem"))  # `= 3 R 2`: a quotient and a remainder
+        elif k == WORD:
             w = t.value
             after = nxt(i)
             between = p is not None and p.kind in _OPERAND_END and after is not None and after.kind in _OPERAND_START
@@ -698,9 +705,13 @@ class Equation:
     holds: bool
     approx: bool = False
     computed_right: bool = False  # the right side is the computation, the left the written number (`7 = 2^3`)
+    divisor: int | None = None  # a division with a remainder (`17 / 5 = 3 R 2`): both values are over it
 
     def explain(self) -> str:
-        """`18 - 6 = 13 (is 12)`: the claim and what its computed side really is."""
+        """`18 - 6 = 13 (is 12)`: the claim and what its computed side really is (`17 / 5 = 3 R 1 (is 3 R 2)`)."""
+        if self.divisor:
+            quotient, remainder = divmod(int(self.left * self.divisor), self.divisor)
+            return f"{self.text} (is {quotient} R {remainder})"
         return f"{self.text} (is {format_value(self.right if self.computed_right else self.left)})"
 
 
@@ -904,6 +915,32 @@ def _pair_holds(lv: Val, rv: Val, right: _Side, approx: bool) -> bool:
     return bool(approx and rv.v != 0 and abs(lv.v - rv.v) <= APPROX_RELATIVE * abs(rv.v))
 
 
+def _is_remainder(side: _Side) -> bool:
+    expr = side.expr
+    return [t.kind for t in expr] == [NUM, OP, NUM] and expr[1].value == "rem"
+
+
+def _remainder(left: _Side, right: _Side) -> tuple[bool, Fraction, Fraction] | None:
+    """`17 / 5 = 3 R 2` holds when dividend = divisor * quotient + remainder, 0 <= remainder < divisor; the values
+    are dividend / divisor and quotient + remainder / divisor. The left side must divide by an integer (`a / d`,
+    `a \\div d`, no sum around it); any other is skipped (None)."""
+    expr = left.expr
+    if len(expr) < 3 or expr[-2].kind != OP or expr[-2].value != "/" or expr[-1].kind != NUM or expr[-1].decimals:
+        return None
+    depth = 0
+    for j, t in enumerate(expr[:-2]):
+        depth += (t.kind == LP) - (t.kind == RP)
+        if depth == 0 and j > 0 and t.kind == OP and t.value in "+-":
+            return None  # `2 + 17 / 5`: the division is not the whole side
+    values = evaluate(expr[:-2])
+    dividend, divisor = values[0].v, int(expr[-1].value)
+    if len(values) > 1 or not values[0].exact or dividend.denominator != 1 or dividend < 0 or divisor <= 0:
+        return None
+    quotient, remainder = right.expr[0].value, right.expr[2].value
+    holds = dividend == divisor * quotient + remainder and 0 <= remainder < divisor
+    return holds, dividend / divisor, quotient + remainder / divisor
+
+
 def _text(source: str, toks: Sequence[Tok], trailing_units: bool = True) -> str:
     """A side as written (whitespace collapsed); without its trailing units for the claim's number side
     (`18 - 6 = 13`, not `= 13 flamingos left`)."""
@@ -986,16 +1023,22 @@ def claims(text: str) -> list[Equation]:
                     continue
             elif left.simple and not left.computes and left.units and not (left.units & right.units):
                 continue  # 2 hours = 2 * 60: a conversion
+            divisor = None
             try:
-                result = compare(left, right, approx[i])
+                if _is_remainder(right):
+                    result = _remainder(left, right)
+                    divisor = int(left.expr[-1].value)  # what `_remainder` divided by
+                else:
+                    result = compare(left, right, approx[i])
             except (NotEvaluable, ZeroDivisionError, OverflowError, ValueError, ArithmeticError):
                 result = None
             if result is None:
                 continue
             holds, lv, rv = result
             out.append(Equation(f"{_text(source, left.toks)} {'≈' if approx[i] else '='} "
-                             f"{_text(source, right.toks, trailing_units=False)}",
-                             lv, rv, holds, approx[i], right.literal is None and left.literal is not None))
+                                f"{_text(source, right.toks, trailing_units=False)}",
+                                lv, rv, holds, approx[i], right.literal is None and left.literal is not None,
+                                divisor))
             chained = True
             if len(out) >= MAX_CLAIMS:
                 return out

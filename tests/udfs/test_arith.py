@@ -112,6 +112,11 @@ CASES = {
     # 2 [1 + 2^2] = 10
     "left right": (r"\(\left( \frac{1}{2} + 3 \right) \cdot 2 = 7\), \(2\left[ 1 + \left( 3 - 1 \right)^2 \right] = 9\)",
                    [(7, 7, True), (10, 9, False)]),
+    # a quotient and a remainder: the dividend / divisor against quotient + remainder / divisor (17 = 5 * 3 + 2)
+    "remainder": (r"\(17 \div 5 = 3 \text{ remainder } 2\), 17 / 5 = 3 R 2", [(Fr(17, 5), Fr(17, 5), True)] * 2),
+    "remainder wrong": (r"17 / 5 = 3 R 1, \(17 \div 5 = 4 \text{ remainder } 2\)",
+                        [(Fr(17, 5), Fr(16, 5), False), (Fr(17, 5), Fr(22, 5), False)]),
+    "remainder out of range": ("17 / 5 = 2 R 7", [(Fr(17, 5), Fr(17, 5), False)]),  # 17 = 5 * 2 + 7, but 7 >= 5
 }
 
 
@@ -132,6 +137,7 @@ def test_step_scores_and_the_failing_equation_with_its_real_value():
     # `\left(` is shown with its group
     assert arith.check_step(r"\(\left( \frac{1}{2} + 3 \right) \cdot 2 = 8\)").detail == \
         r"\left( \frac{1}{2} + 3 \right) \cdot 2 = 8 (is 7)"
+    assert arith.check_step("17 / 5 = 3 R 1").detail == "17 / 5 = 3 R 1 (is 3 R 2)"  # as a quotient and remainder
     none = arith.check_step("No equation here, only 42 apples.")
     assert (none.checked, none.errors, none.valid, none.detail) == (0, 0, None, None)
 
