@@ -20,9 +20,10 @@ Which pairs are claims (the rest is skipped, never flagged)
     equations with unknowns, lists of roots and malformed LaTeX.
   - At least one side computes something (an operator), or the pair continues a checked chain with the same
     units on both sides (`3 * 4 = 12 = 13`): `5 m = 500 cm`, `1.5 hours = 90 minutes` are conversions.
-  - A lone number right after a word opens a label, not a claim (`Adam's age in 8 years = 20`); a lone number
-    with a unit before a computation without that unit is a conversion (`2 hours = 2 * 60 = 120 minutes`); a sum
-    of terms in different units (`3 feet + 6 inches`) is skipped.
+  - A lone number right after a word opens a label, not a claim (`Adam's age in 8 years = 20`); so does a lone
+    number that the other side computes with, when the pair fails (`Discount on $2.40 = 0.25 * $2.40`); a lone
+    number with a unit before a computation without that unit is a conversion (`2 hours = 2 * 60 = 120 minutes`);
+    a sum of terms in different units (`3 feet + 6 inches`) is skipped.
 
 When a claim holds
   Exactly equal; or the written number is the value rounded or truncated at its last written decimal
@@ -915,6 +916,13 @@ def _pair_holds(lv: Val, rv: Val, right: _Side, approx: bool) -> bool:
     return bool(approx and rv.v != 0 and abs(lv.v - rv.v) <= APPROX_RELATIVE * abs(rv.v))
 
 
+def _names_operand(left: _Side, right: _Side) -> bool:
+    """Is the left side a lone number that the right side computes with (`2.40 = 0.25 * 2.40`)? Then it names the
+    quantity the computation starts from (a price, a count), not its result: `a = f(a, ...)` only holds by chance."""
+    lit = left.literal
+    return lit is not None and right.computes and any(t.kind == NUM and t.value == lit.value for t in right.expr)
+
+
 def _is_remainder(side: _Side) -> bool:
     expr = side.expr
     return [t.kind for t in expr] == [NUM, OP, NUM] and expr[1].value == "rem"
@@ -1035,6 +1043,8 @@ def claims(text: str) -> list[Equation]:
             if result is None:
                 continue
             holds, lv, rv = result
+            if not holds and _names_operand(left, right):
+                continue  # `Discount on $2.40 = 0.25 * $2.40`: the number names what is computed from, a label
             out.append(Equation(f"{_text(source, left.toks)} {'≈' if approx[i] else '='} "
                                 f"{_text(source, right.toks, trailing_units=False)}",
                                 lv, rv, holds, approx[i], right.literal is None and left.literal is not None,

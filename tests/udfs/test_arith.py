@@ -117,6 +117,10 @@ CASES = {
     "remainder wrong": (r"17 / 5 = 3 R 1, \(17 \div 5 = 4 \text{ remainder } 2\)",
                         [(Fr(17, 5), Fr(16, 5), False), (Fr(17, 5), Fr(22, 5), False)]),
     "remainder out of range": ("17 / 5 = 2 R 7", [(Fr(17, 5), Fr(17, 5), False)]),  # 17 = 5 * 2 + 7, but 7 >= 5
+    # a price or quantity named before `=` is a label when the other side computes from it (0.25 * 2.40 = 0.60)
+    "label with a price": (r"Discount on \(\$2.40 = 0.25 \times \$2.40\). Discount on \$2.40 = 0.25 \times \$2.40 = \$0.60",
+                           [(Fr(3, 5), Fr(3, 5), True)]),
+    "price against another computation": (r"\(\$2.40 = 0.25 \times \$9.00\)", [(Fr(12, 5), Fr(9, 4), False)]),
 }
 
 
