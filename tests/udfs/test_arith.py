@@ -121,6 +121,11 @@ CASES = {
     "label with a price": (r"Discount on \(\$2.40 = 0.25 \times \$2.40\). Discount on \$2.40 = 0.25 \times \$2.40 = \$0.60",
                            [(Fr(3, 5), Fr(3, 5), True)]),
     "price against another computation": (r"\(\$2.40 = 0.25 \times \$9.00\)", [(Fr(12, 5), Fr(9, 4), False)]),
+    # a chain that rewrites a radicand or an exponent: each side is still the same value
+    "rewritten radicand": (r"\(\sqrt{48} = \sqrt{16 \cdot 3} = 4\sqrt{3}\), \(\sqrt{144} = \sqrt{16 \cdot 9} = 4 \cdot 3 = 12\)",
+                           [(12, 12, True), (12, 12, True), (12, 12, True)]),
+    "rewritten exponent": (r"\(2^{10} = 2^{5\cdot 2} = 1024\), \(2^{10} = 2^{5\cdot 2} = 1000\)",
+                           [(1024, 1024, True), (1024, 1024, True), (1024, 1024, True), (1024, 1000, False)]),
 }
 
 
