@@ -17,7 +17,8 @@ What is read
 
 Which pairs are claims (the rest is skipped, never flagged)
   - Both sides evaluate: a side with an unknown (a letter, `\\pi`, a function, `...`) is skipped, so are
-    equations with unknowns, lists of roots and malformed LaTeX.
+    equations with unknowns, lists of roots and malformed LaTeX; so is a chain that ends in a modulus
+    (`\\pmod{17}`, `(mod 17)`: its `=` are congruences).
   - At least one side computes something (an operator), or the pair continues a checked chain with the same
     units on both sides (`3 * 4 = 12 = 13`): `5 m = 500 cm`, `1.5 hours = 90 minutes` are conversions.
   - A lone number right after a word opens a label, not a claim (`Adam's age in 8 years = 20`); so does a lone
@@ -351,6 +352,9 @@ def _resolve(raw: list[Tok]) -> list[Tok]:
                 and p.decimals == 0 and len(out) >= 2 and out[-2].kind == EQ and i + 1 < n and raw[i + 1].kind == NUM \
                 and raw[i + 1].decimals == 0:
             out.append(Tok(OP, t.start, t.end, "rem"))  # `= 3 R 2`: a quotient and a remainder
+        elif (k == WORD and t.value in ("mod", "modulo") or k == OP and t.value == "mod") and p is not None \
+                and p.kind == LP:
+            out.append(Tok(VAR, t.start, t.end, "pmod"))  # `(mod 17)`, `(\bmod 17)`: as `\pmod{17}`
         elif k == WORD:
             w = t.value
             after = nxt(i)
@@ -1012,6 +1016,10 @@ def claims(text: str) -> list[Equation]:
     out: list[Equation] = []
     for run, soft in _runs(toks):
         if not any(t.kind == EQ for t in run):
+            continue
+        if any(t.kind == VAR and t.value == "pmod" for t in run):
+            # `4^4 = (4^2)^2 = (-1)^2 = 1 \pmod{17}`: a chain that ends in a modulus is one of congruences. (Not
+            # back through `\equiv`: `8^2 = 64 \equiv 13 \pmod{17}` starts with an equality.)
             continue
         sides, approx = _split(run, soft)
         parsed = [_side(s) for s in sides]

@@ -126,6 +126,10 @@ CASES = {
                            [(12, 12, True), (12, 12, True), (12, 12, True)]),
     "rewritten exponent": (r"\(2^{10} = 2^{5\cdot 2} = 1024\), \(2^{10} = 2^{5\cdot 2} = 1000\)",
                            [(1024, 1024, True), (1024, 1024, True), (1024, 1024, True), (1024, 1000, False)]),
+    # a chain of congruences (`\pmod`, `(mod n)` after it): its `=` are not equalities (256 = 1 mod 17); an
+    # equality before `\equiv` is still one
+    "congruence": (r"\[4^4 = (4^2)^2 = (-1)^2 = 1 \pmod{17}\] and 4^4 = (4^2)^2 = 16^2 = 1 (mod 17), "
+                   r"\[8^2 = 64 \equiv 13 \pmod{17}\]", [(64, 64, True)]),
 }
 
 
