@@ -207,8 +207,8 @@ def tokenize(text: str, offset: int = 0) -> list[Tok]:
             elif len(g) == 1:  # a / A / I: an article or pronoun before a word, else a variable
                 nxt = re.match(r"\s*[A-Za-z]", text[pos:pos + 20])
                 out.append(Tok(WORD if nxt else VAR, s, e, low))
-            elif out and out[-1].end == s and (out[-1].kind == NUM or out[-1].kind == RP and text[m.start() - 1] == "}") \
-                    and (low not in ATTACHED_UNITS or low in ORDINALS):
+            elif out and out[-1].end == s and (low not in ATTACHED_UNITS or low in ORDINALS) \
+                    and (out[-1].kind == NUM or out[-1].kind == RP and text[m.start() - 1] == "}"):
                 # 3ab, 5AD, \frac{1}{2}xy: a product with unknowns (in LaTeX, letters after a group are symbols);
                 # 6th: a position
                 out.append(Tok(VAR, s, e, low))
@@ -349,8 +349,8 @@ def _resolve(raw: list[Tok]) -> list[Tok]:
         p = prev()
         k = t.kind
         if k in (WORD, TEXT, VAR) and t.value in REMAINDER_WORDS and p is not None and p.kind == NUM \
-                and p.decimals == 0 and len(out) >= 2 and out[-2].kind == EQ and i + 1 < n and raw[i + 1].kind == NUM \
-                and raw[i + 1].decimals == 0:
+                and p.decimals == 0 and len(out) >= 2 and out[-2].kind == EQ \
+                and i + 1 < n and raw[i + 1].kind == NUM and raw[i + 1].decimals == 0:
             out.append(Tok(OP, t.start, t.end, "rem"))  # `= 3 R 2`: a quotient and a remainder
         elif (k == WORD and t.value in ("mod", "modulo") or k == OP and t.value == "mod") and p is not None \
                 and p.kind == LP:

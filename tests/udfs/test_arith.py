@@ -110,20 +110,20 @@ CASES = {
     # letters next to a fraction are unknowns, attached or not (a word after a fraction is its unit, never a number)
     "letters next to a fraction": (r"\(\frac{1}{2}xy = 5\), \(V = \frac{1}{3}Bh = 4\), \(\frac{1}{2} mn = 6\)", []),
     # 2 [1 + 2^2] = 10
-    "left right": (r"\(\left( \frac{1}{2} + 3 \right) \cdot 2 = 7\), \(2\left[ 1 + \left( 3 - 1 \right)^2 \right] = 9\)",
-                   [(7, 7, True), (10, 9, False)]),
+    "left right": (r"\(\left( \frac{1}{2} + 3 \right) \cdot 2 = 7\), "
+                   r"\(2\left[ 1 + \left( 3 - 1 \right)^2 \right] = 9\)", [(7, 7, True), (10, 9, False)]),
     # a quotient and a remainder: the dividend / divisor against quotient + remainder / divisor (17 = 5 * 3 + 2)
     "remainder": (r"\(17 \div 5 = 3 \text{ remainder } 2\), 17 / 5 = 3 R 2", [(Fr(17, 5), Fr(17, 5), True)] * 2),
     "remainder wrong": (r"17 / 5 = 3 R 1, \(17 \div 5 = 4 \text{ remainder } 2\)",
                         [(Fr(17, 5), Fr(16, 5), False), (Fr(17, 5), Fr(22, 5), False)]),
     "remainder out of range": ("17 / 5 = 2 R 7", [(Fr(17, 5), Fr(17, 5), False)]),  # 17 = 5 * 2 + 7, but 7 >= 5
     # a price or quantity named before `=` is a label when the other side computes from it (0.25 * 2.40 = 0.60)
-    "label with a price": (r"Discount on \(\$2.40 = 0.25 \times \$2.40\). Discount on \$2.40 = 0.25 \times \$2.40 = \$0.60",
-                           [(Fr(3, 5), Fr(3, 5), True)]),
+    "label with a price": (r"Discount on \(\$2.40 = 0.25 \times \$2.40\). "
+                           r"Discount on \$2.40 = 0.25 \times \$2.40 = \$0.60", [(Fr(3, 5), Fr(3, 5), True)]),
     "price against another computation": (r"\(\$2.40 = 0.25 \times \$9.00\)", [(Fr(12, 5), Fr(9, 4), False)]),
     # a chain that rewrites a radicand or an exponent: each side is still the same value
-    "rewritten radicand": (r"\(\sqrt{48} = \sqrt{16 \cdot 3} = 4\sqrt{3}\), \(\sqrt{144} = \sqrt{16 \cdot 9} = 4 \cdot 3 = 12\)",
-                           [(12, 12, True), (12, 12, True), (12, 12, True)]),
+    "rewritten radicand": (r"\(\sqrt{48} = \sqrt{16 \cdot 3} = 4\sqrt{3}\), "
+                           r"\(\sqrt{144} = \sqrt{16 \cdot 9} = 4 \cdot 3 = 12\)", [(12, 12, True)] * 3),
     "rewritten exponent": (r"\(2^{10} = 2^{5\cdot 2} = 1024\), \(2^{10} = 2^{5\cdot 2} = 1000\)",
                            [(1024, 1024, True), (1024, 1024, True), (1024, 1024, True), (1024, 1000, False)]),
     # a chain of congruences (`\pmod`, `(mod n)` after it): its `=` are not equalities (256 = 1 mod 17); an
