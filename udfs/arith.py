@@ -1071,4 +1071,3 @@ def check_step(text: str | None) -> StepCheck:
         return StepCheck(tuple(claims(text)))
     except Exception:  # noqa: BLE001 - a malformed step is skipped, never a crash of the night
         return StepCheck()
-
