@@ -26,6 +26,7 @@ from statistics import median
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from jobs.infra.args import add_settings_arguments  # noqa: E402
 from jobs.infra.config import load_settings  # noqa: E402
 from jobs.training import train_nli  # noqa: E402
 from jobs.training.train_nli import planned_steps  # noqa: E402
@@ -37,9 +38,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--short", type=int, default=4)
     ap.add_argument("--long", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    add_settings_arguments(ap)
     a = ap.parse_args(argv)
-    settings = load_settings(overrides=["runtime.device=cpu", *a.overrides])
+    settings = load_settings(a.config, ["runtime.device=cpu", *a.overrides])
     cfg = settings.train_nli
     pairs, _ = train_nli.load_all(settings)  # the recipe's own training pairs
     steps = planned_steps(len(pairs), cfg)

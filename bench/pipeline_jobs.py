@@ -60,8 +60,10 @@ def _watch(stats: dict, job_id: Callable[[], int]) -> None:
 
 
 def main(argv: list[str] | None = None) -> str:
+    from jobs.infra.args import add_settings_arguments
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    add_settings_arguments(parser)
     parser.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"))
     args = parser.parse_args(argv)
 
@@ -93,11 +95,12 @@ def main(argv: list[str] | None = None) -> str:
         "pipeline.stages=[ingest,steps,scores,aggregate,curate]", "curation.thresholds={intra_entail: 0.3}",
         "curation.quantiles={inter: 0.25}", *args.overrides,
     ]
-    settings = load_settings(overrides=overrides, environ={})
+    settings = load_settings(args.config, overrides, environ={})
     lines = [
         "## Spark jobs per nightly pipeline run, fake stages (bench/pipeline_jobs.py)\n",
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, load average "
-        f"{os.getloadavg()[0]:.1f}; sample lake (24 chains), overrides: {' '.join(args.overrides) or 'none'}\n",
+        f"{os.getloadavg()[0]:.1f}; sample lake (24 chains), overrides: {' '.join(args.overrides) or 'none'}"
+        f"{f', config {args.config}' if args.config else ''}\n",
     ]
     try:
         for night in ("first night", "unchanged rerun"):

@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from jobs.infra.args import add_settings_arguments  # noqa: E402
 from jobs.metaeval import baselines, localise, processbench  # noqa: E402
 from jobs.metaeval.localise import markdown_table  # noqa: E402
 from jobs.receval import pipeline  # noqa: E402
@@ -33,7 +34,7 @@ from jobs.receval import pipeline  # noqa: E402
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for the lake, the MLflow store and the results")
-    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    add_settings_arguments(parser)
     parser.add_argument("--baselines", action="store_true", help="also the per-step ROSCOE baselines")
     parser.add_argument("--max-items", type=int, help="the first N items of each subset (smoke runs)")
     parser.add_argument("--subsets", default="gsm8k,math")
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
            "baselines.groups=[sa,ss]"] if args.baselines else []),
         *args.overrides,
     ]
-    argv_of = [x for pair in common for x in ("--set", pair)]
+    argv_of = [*(["--config", args.config] if args.config else []), *(x for pair in common for x in ("--set", pair))]
     seconds: dict[str, float] = {}
 
     def timed(name: str, fn):
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.node()} {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end",
-        "overrides": args.overrides, "baselines": args.baselines, "max_items": args.max_items,
+        "config": args.config, "overrides": args.overrides, "baselines": args.baselines, "max_items": args.max_items,
         "seconds": seconds, "adapter": counts,
         "scoring_stages": {s.name: {"seconds": round(s.seconds, 1), "chains": s.chains} for s in summary.stages},
         "localise_counts": outcome.counts, "thresholds": outcome.evaluation.thresholds,

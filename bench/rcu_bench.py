@@ -37,6 +37,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import rcu_agreement as A  # noqa: E402
 
+from jobs.infra.args import add_settings_arguments  # noqa: E402
 from jobs.infra.config import Settings, load_settings, resolve_path  # noqa: E402
 from jobs.metaeval import entailment_bank as eb  # noqa: E402
 from jobs.receval import steps as J  # noqa: E402
@@ -171,7 +172,7 @@ def throughput(
 # ------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--set", action="append", default=[], help="config override, e.g. steps.roles=position")
+    add_settings_arguments(parser)  # e.g. --set steps.roles=position
     parser.add_argument("--sets", nargs="*", default=["eb_dev", "eb_test", "natural", "latex"])
     parser.add_argument("--throughput", action="store_true")
     parser.add_argument("--repeats", type=int, default=3, help="throughput: runs of each, best kept")
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--misses", type=Path, help="write the disagreeing steps of each set here (jsonl)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args(argv)
-    settings = load_settings(overrides=["mlflow.enabled=false", *args.set], environ={})
+    settings = load_settings(args.config, ["mlflow.enabled=false", *args.overrides], environ={})
     opts = J.Options.from_settings(settings)
 
     data = {}
@@ -207,20 +208,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.throughput:
         eb_test = data["eb_test"][0] if "eb_test" in data else eb_set(settings, "test")[0]
         baseline = (
-            load_settings(overrides=["mlflow.enabled=false", *args.set, *args.baseline], environ={}) if args.baseline else None
+            load_settings(args.config, ["mlflow.enabled=false", *args.overrides, *args.baseline], environ={}) if args.baseline else None
         )
         chains = {"EB task_1 test": eb_test} if "eb_test" in args.speed_sets else {}
         if "gsm8k" in args.speed_sets:
             chains["GSM-8K"] = _gsm8k_records()
         speed = throughput(settings, chains, args.repeats, baseline)
     if not args.no_record:
-        record(summaries, speed, settings, args.set, agreement_s, args.repeats, args.baseline or [])
+        record(summaries, speed, settings, args.config, args.overrides, agreement_s, args.repeats, args.baseline or [])
 
 
 def record(
     summaries: dict,
     speed: list[tuple] | None,
     settings: Settings,
+    config: str | None,
     overrides: list[str],
     seconds: float,
     repeats: int,
@@ -229,7 +231,8 @@ def record(
     cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True, text=True).stdout
     cpu = cpu.split(":", 1)[-1].strip() or "unknown CPU"
     st = settings.steps
-    cmd = " ".join(["bench/rcu_bench.py", *(f"--set {o}" for o in overrides), *(["--throughput"] if speed else [])])
+    cmd = " ".join(["bench/rcu_bench.py", *([f"--config {config}"] if config else []),
+                    *(f"--set {o}" for o in overrides), *(["--throughput"] if speed else [])])
     cmd += f" --repeats {repeats}" if speed and repeats != 3 else ""
     cmd += "".join(f" --baseline {b}" for b in baseline) if speed else ""
     names = {"EB task_1 test": "eb_test", "GSM-8K": "gsm8k"}

@@ -43,6 +43,7 @@ from pydantic import (
 )
 from rich.filesize import decimal as human_size
 
+from jobs.infra.args import add_settings_arguments
 from jobs.infra.config import CONF_DIR, ConfigError, load_settings, resolve_path
 
 CATALOGUE = CONF_DIR / "datasets.yaml"
@@ -394,8 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--data", help="data folder (default: the config's paths.data)")
-    common.add_argument("--config")
-    common.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    add_settings_arguments(common)
     common.add_argument("--catalogue", default=str(CATALOGUE))
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", parents=[common], help="each dataset, its size and whether it is present")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pyspark
 
+from jobs.infra.args import add_settings_arguments
 from jobs.infra.config import load_settings, resolve_path
 from jobs.infra.session import DELTA_PACKAGE, JarsMissing, delta_jars
 from udfs.home import home
@@ -123,8 +124,7 @@ def fetch(jars_dir: str, ivy_dir: str = ".ivy") -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config")
-    parser.add_argument("--set", action="append", default=[], dest="overrides")
+    add_settings_arguments(parser)
     args = parser.parse_args(argv)
     settings = load_settings(args.config, args.overrides)
     try:

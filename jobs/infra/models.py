@@ -36,6 +36,7 @@ from typing import IO, Annotated, Any, Literal
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter
 from rich.filesize import decimal as human_size
 
+from jobs.infra.args import add_settings_arguments
 from jobs.infra.config import CONF_DIR, ConfigError, load_settings, resolve_path
 from jobs.infra.data import yaml_entries
 from udfs.model_paths import REGISTRY_RECORD
@@ -597,8 +598,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--models", help="models folder (default: the config's paths.models)")
-    common.add_argument("--config")
-    common.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    add_settings_arguments(common)
     common.add_argument("--registry", default=str(REGISTRY))
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", parents=[common], help="each registered model and whether it is present")

@@ -31,6 +31,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from jobs.infra import claim, lineage, tables
+from jobs.infra.args import add_settings_arguments, settings_arguments
 from jobs.infra.config import ConfigError, Settings, describe, load_settings_with_sources, source_of
 from jobs.infra.tracking import JobRun, job_run, skipped_run
 from udfs.model_paths import small_built
@@ -50,10 +51,7 @@ def with_built_models(
     (udfs.model_paths.small_built) and no layer but conf/defaults.yaml chooses a model profile: `make run` then
     scores with real models once `make models` has run, and any profile chosen on the command line, in the
     environment or a --config file still wins."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--config")
-    parser.add_argument("--set", action="append", default=[], dest="overrides")
-    known, _ = parser.parse_known_args(list(argv))
+    known = settings_arguments(argv)
     try:
         _, sources = load_settings_with_sources(known.config, known.overrides, environ)
     except ConfigError:
@@ -128,8 +126,7 @@ class Stage:
         )
         if self.arguments is not None:
             self.arguments(parser)
-        parser.add_argument("--config", help="YAML file layered over conf/defaults.yaml and the profiles")
-        parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+        add_settings_arguments(parser)
         parser.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
         parser.add_argument(
             "--dry-run", action="store_true", help="print what the stage would read, do and write; change nothing"
@@ -208,7 +205,7 @@ class Stage:
 
 def settings_of(argv: Sequence[str]) -> Settings:
     """The settings a stage's command line (`--config`, `--set`) resolves to; its other flags are ignored."""
-    args, _ = Stage("settings", "").parser().parse_known_args(argv)
+    args = settings_arguments(argv)
     return load_settings_with_sources(args.config, args.overrides)[0]
 
 
