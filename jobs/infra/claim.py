@@ -7,6 +7,8 @@ EX_TEMPFAIL: "try again later"), having written nothing; `wait` polls until the 
 holds it, and leaves the same way after `wait_timeout_s`. A claim whose holder died expires: on the same host
 a dead pid is taken over at once; elsewhere (another driver host, whose pids this host cannot see) once its
 last heartbeat is older than `claim_ttl`. `--force` takes it from a live holder (an operator's choice, logged).
+`receval claim` (`python -m jobs.infra.claim`) shows who holds it; `receval claim release --force` takes a live
+holder's claim the same way and gives it back at once (`give_back`).
 
 ## Where the claim lives, and why this way
 
@@ -51,6 +53,7 @@ Delta's multi-writer LogStores there need; a lake on an object store is not supp
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import getpass
 import json
@@ -58,9 +61,11 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -68,7 +73,9 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from jobs.infra.config import Section, Settings, resolve_path
+from jobs.infra.args import add_settings_arguments
+from jobs.infra.config import Section, Settings, load_settings, resolve_path
+from jobs.infra.logs import setup_logging
 
 log = logging.getLogger(__spec__.name)
 
@@ -415,18 +422,59 @@ def describe(settings: Settings) -> str:
     return f"lake {where.parent}: {state}; generation {current.generation}: {current.describe(now)}"
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python -m jobs.infra.claim [--config F] [--set K=V]`: who holds the lake's claim, and whether it is live."""
-    import argparse
+def give_back(settings: Settings, force: bool = False) -> tuple[int, str]:
+    """(exit status, the line to print) of `release`: an operator gives the lake's claim back. A claim nobody holds
+    (never taken, released, its holder dead or stale) is left as it is; a live holder's is taken from it only with
+    `force`, as a job's --force would (a new generation, logged; the holder stops before its next write), and then
+    released: generations only grow and each is written by its own holder, so nothing is rewritten or removed."""
+    where = folder(settings)
+    current = latest(where)
+    if current is None:
+        return 0, f"lake {where.parent}: never claimed; nothing to release"
+    section, cs = claim_settings(settings)
+    now = time.time()
+    reason = expired(current, cs.claim_host or socket.gethostname(), cs.claim_ttl, now, f"{section}.claim_ttl")
+    if reason is not None:
+        return 0, f"lake {where.parent}: already free ({reason}); nothing to release"
+    if not force:
+        return EXIT_BUSY, (f"lake {where.parent}: held by {current.describe(now)}; a live run holds it: `release "
+                           "--force` takes it from that run (it stops before its next write) and releases it")
+    held = take(settings, "claim release", uuid.uuid4().hex, force=True)
+    release(held)
+    return 0, (f"lake {where.parent}: released (generation {held.holder.generation} took the claim from run "
+               f"{current.run_id} with --force and gave it back)")
 
-    from jobs.infra.config import load_settings
 
-    parser = argparse.ArgumentParser(description="Who holds the lake's claim (docs/OPERATIONS.md, Overlapping runs)")
-    parser.add_argument("--config", help="YAML file layered over conf/defaults.yaml and the profiles")
-    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
-    args = parser.parse_args(argv)
-    print(describe(load_settings(args.config, args.overrides)))
+def parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """`python -m jobs.infra.claim [show | release [--force]] [--config F] [--set K=V]`; `prog` names the command
+    in --help (`receval claim`)."""
+    commands = argparse.ArgumentParser(
+        prog=prog, description="The lake's claim: one writing run at a time (docs/OPERATIONS.md, Overlapping runs)")
+    commands.add_argument("action", nargs="?", choices=("show", "release"), default="show",
+                          help="show (the default): who holds the claim, and whether it is live; release: give back "
+                               "a claim, a live run's only with --force")
+    commands.add_argument("--force", action="store_true",
+                          help="release: take the claim from a live run (it stops before its next write), then "
+                               "free it")
+    add_settings_arguments(commands)
+    return commands
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Who holds the lake's claim and whether it is live, or an operator's release: the exit status."""
+    commands = parser(prog)
+    args = commands.parse_args(argv)
+    if args.force and args.action != "release":
+        commands.error("--force goes with release")
+    settings = load_settings(args.config, args.overrides)
+    if args.action == "show":
+        print(describe(settings))
+        return 0
+    setup_logging(settings.log.level)  # the forced takeover's warning, in the jobs' format
+    status, line = give_back(settings, args.force)
+    print(line, file=sys.stderr if status else sys.stdout)
+    return status
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
