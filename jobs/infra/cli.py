@@ -6,159 +6,203 @@
     receval ingest --set ingest.input=/data/outputs/*.jsonl
     receval models fetch gemma3-270m         # python -m jobs.infra.models fetch gemma3-270m
     receval data fetch entailment_bank       # python -m jobs.infra.data fetch entailment_bank
+    receval claim show                       # who holds the lake's claim; `release` gives it back
 
-The subcommands are generated: every stage a module under `jobs` declares (`STAGE = Stage(...)`,
-jobs.infra.stage.declared, with a main block: `scores` runs only inside the pipeline), plus the platform's
-tools (TOOLS). `receval NAME ARGS` runs exactly what `python -m <its module> ARGS` runs: the module as __main__,
-so the two can never differ (the model profile they choose included: jobs.infra.stage.command_line), and `make`
-and `python -m` keep working as they are. Every stage takes the same --config/--set/--print-config/--dry-run
-(jobs.infra.stage.Stage.parser). Stage names take `-` for `_` (`receval nli-scores`).
+An argparse parser with a subcommand per stage a module under `jobs` declares (`STAGE = Stage(...)`,
+jobs.infra.stage.declared, with a body: `scores` runs only inside the pipeline) and per platform tool (TOOLS).
+`receval NAME ARGS` calls that command's own `main` with ARGS, untouched: a stage's `STAGE.main`, with the model
+profile `python -m` chooses (jobs.infra.stage.with_built_models), a tool's module's `main`; it exits with the
+status `python -m <its module> ARGS` exits with. `make` and `python -m` keep working as they are. Every stage
+takes the same --config/--set/--print-config/--dry-run (jobs.infra.stage.Stage.parser). Stage names take `-` for
+`_` (`receval nli-scores`).
 """
 
 from __future__ import annotations
 
-import ast
+import argparse
 import importlib
-import importlib.util
 import pkgutil
-import runpy
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
 
 from udfs.model_paths import MODELS
 
+if TYPE_CHECKING:  # imported where a stage is needed: `receval claim` starts without Spark's modules
+    from jobs.infra.stage import Stage
+
 PROG = "receval"
-# The platform's tools: command -> module (each has its own sub-commands and --help).
-TOOLS = {
-    "models": "jobs.infra.models",
-    "data": "jobs.infra.data",
-    "jars": "jobs.infra.jars",
-    "tiny-models": "jobs.infra.tiny_models",
-    "tracking": "jobs.infra.tracking",
-}
-# `receval setup`: what `make setup` does after installing the Python packages, into the home folder. The jars
-# step takes the command line's --config/--set (spark.jars_dir); the tiny models go where the offline profile
-# names them (models/tiny-*, relative to the home folder).
-SETUP = (("jobs.infra.jars", True), ("jobs.infra.tiny_models", False))
-SETUP_PURPOSE = "the Delta jars (Maven Central -> .jars/) and the tiny offline models (-> models/), as make setup"
 _PACKAGE = __package__.rpartition(".")[0]  # "jobs"
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A platform tool: its module's `main(argv)` is its command line (sub-commands and --help of its own) and
+    returns the exit status its main block gives `python -m` (None: 0)."""
+
+    module: str
+    # Its main also takes `prog`, the name its --help shows (`receval NAME`); data and models name themselves
+    # `python -m jobs.infra.<tool>` wherever they run.
+    takes_prog: bool = True
+
+    def main(self, args: list[str], prog: str) -> int | None:
+        main = importlib.import_module(self.module).main
+        return main(args, prog) if self.takes_prog else main(args)
+
+
+TOOLS = {
+    "models": Tool("jobs.infra.models", takes_prog=False),
+    "data": Tool("jobs.infra.data", takes_prog=False),
+    "jars": Tool("jobs.infra.jars"),
+    "tiny-models": Tool("jobs.infra.tiny_models"),
+    "tracking": Tool("jobs.infra.tracking"),
+    "claim": Tool("jobs.infra.claim"),
+}
+SETUP_PURPOSE = "the Delta jars (Maven Central -> .jars/) and the tiny offline models (-> models/), as make setup"
 
 
 @dataclass(frozen=True)
 class Command:
     name: str
-    module: str
     purpose: str
-    kind: str  # "stage" or "tool"
-
-
-def _declared_name(source: str) -> str | None:
-    """The name in a module's `STAGE = Stage("name", ...)`, read from its source without importing it."""
-    for node in ast.parse(source).body:
-        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "STAGE" for t in node.targets)
-                and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", None) == "Stage"
-                and node.value.args and isinstance(node.value.args[0], ast.Constant)):
-            return node.value.args[0].value
-    return None
-
-
-def stage_modules(package: str = _PACKAGE) -> dict[str, str]:
-    """Stage name -> module of every stage that runs on its own, from the modules' sources (no module is imported
-    but the packages): `receval NAME` starts as fast as `python -m`. tests/test_cli.py checks it against
-    jobs.infra.stage.declared()."""
-    found: dict[str, str] = {}
-    for info in pkgutil.walk_packages(importlib.import_module(package).__path__, prefix=f"{package}."):
-        if info.ispkg:
-            continue
-        spec = importlib.util.find_spec(info.name)
-        source = spec.loader.get_source(info.name) if spec is not None and spec.loader is not None else None
-        # A stage `python -m` runs has a main block; one without (`scores`) runs only inside the pipeline.
-        runnable = source and "STAGE" in source and '__name__ == "__main__"' in source
-        if runnable and (name := _declared_name(source)) is not None:
-            found[name] = info.name
-    return found
+    run: Callable[[list[str], str], int]  # (its arguments, the name its --help shows) -> exit status
 
 
 def _first_line(doc: str | None) -> str:
     return next((line.strip() for line in (doc or "").splitlines() if line.strip()), "")
 
 
-def commands() -> dict[str, Command]:
-    """Every command `receval` offers, stages first (the pipeline first among them), then the tools. Imports every
-    stage's module (jobs.infra.stage.declared), for their docstrings."""
-    from jobs.infra.stage import declared
+def run_stage(stage: Stage, args: list[str], prog: str) -> int:
+    """`receval NAME ARGS` for a stage: what `python -m <its module> ARGS` runs, whose main block reads
+    sys.argv[1:] through with_built_models (jobs.infra.stage.command_line), so both score with the same models."""
+    from jobs.infra.stage import with_built_models
 
-    modules = stage_modules()
+    stage.main(with_built_models(args), prog)
+    return 0  # the main block, `main()`, drops what the stage returns
+
+
+def run_tool(tool: Tool, args: list[str], prog: str) -> int:
+    return tool.main(args, prog) or 0
+
+
+def setup(args: list[str], prog: str) -> int:
+    """`receval setup`: what `make setup` does after installing the Python packages, into the home folder. The jars
+    take the command line's --config/--set (spark.jars_dir); the tiny models go where the offline profile names
+    them (models/tiny-*, relative to the home folder)."""
+    from jobs.infra import jars, tiny_models
+
+    jars.main(args, prog)  # a failed fetch exits with its message
+    tiny_models.main(["--out", MODELS], prog)
+    return 0
+
+
+def stage_modules(package: str = _PACKAGE) -> dict[str, str]:
+    """Stage name -> module of every stage that runs on its own (it has a body: `scores` runs only inside the
+    pipeline), the pipeline first, then by module. Imports every module under `package`."""
+    from jobs.infra.stage import declaring_modules
+
     with warnings.catch_warnings():  # what importing every room's libraries says has no place in --help
         warnings.simplefilter("ignore")
-        stages = {name: stage for name, stage in declared().items() if name in modules}
-    order = sorted(stages, key=lambda n: (n != "pipeline", modules[n], n))
-    out = {n: Command(n, modules[n], _first_line(stages[n].doc), "stage") for n in order}
-    out["setup"] = Command("setup", "", SETUP_PURPOSE, "tool")
-    for name, module in TOOLS.items():
-        out[name] = Command(name, module, _first_line(importlib.import_module(module).__doc__), "tool")
-    return out
+        modules = declaring_modules(package)
+        runnable = {n: m for n, m in modules.items() if importlib.import_module(m).STAGE.body is not None}
+    return dict(sorted(runnable.items(), key=lambda item: (item[0] != "pipeline", item[1], item[0])))
 
 
-def usage() -> str:
-    listed = commands()
-    width = max(len(n) for n in listed) + 2
-    lines = [f"usage: {PROG} COMMAND [ARGS...]   ({PROG} COMMAND --help: its own flags)", "",
-             "Stages (each takes --config FILE, --set KEY=VALUE, --print-config, --dry-run):"]
-    lines += [f"  {c.name:<{width}}{c.purpose}" for c in listed.values() if c.kind == "stage"]
-    lines += ["", "Tools:"]
-    lines += [f"  {c.name:<{width}}{c.purpose}" for c in listed.values() if c.kind == "tool"]
-    lines += ["", "Relative paths in config resolve against $RECEVAL_HOME, else a checkout's root, else the working "
-              "directory; --print-config shows where each setting points."]
-    return "\n".join(lines)
+def stage_command(stage: Stage) -> Command:
+    return Command(stage.name, _first_line(stage.doc), partial(run_stage, stage))
 
 
-def run_module(module: str, prog: str, args: Sequence[str]) -> int:
-    """`python -m module args` in this process: the module runs as __main__ (its own `if __name__ == "__main__"`
-    block, as python -m runs it), with sys.argv[0] = prog so its --help names `receval NAME`."""
-    saved = sys.argv
-    sys.argv = [prog, *args]
-    try:
-        with warnings.catch_warnings():
-            # Where the module was imported before (receval --help in the same process, a test), runpy warns that
-            # it runs a second copy as __main__: what `python -m` does too when another module imports it.
-            warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
-            runpy.run_module(module, run_name="__main__", alter_sys=False)
-    except SystemExit as stop:
-        code = stop.code
-        if code is None or isinstance(code, int):
-            return code or 0
-        print(code, file=sys.stderr)  # SystemExit("message"), as the interpreter prints it
-        return 1
-    finally:
-        sys.argv = saved
-    return 0
+def tool_command(name: str) -> Command:
+    if name == "setup":
+        return Command(name, SETUP_PURPOSE, setup)
+    tool = TOOLS[name]
+    return Command(name, _first_line(importlib.import_module(tool.module).__doc__), partial(run_tool, tool))
+
+
+def commands() -> dict[str, Command]:
+    """Every command `receval` offers, stages first (the pipeline first among them), then the tools. Imports every
+    stage's module, for their docstrings."""
+    stages = {name: importlib.import_module(module).STAGE for name, module in stage_modules().items()}
+    return {**{n: stage_command(s) for n, s in stages.items()}, **{n: tool_command(n) for n in ("setup", *TOOLS)}}
+
+
+def _alone(name: str, package: str = _PACKAGE) -> Stage | None:
+    """The stage `name` from the module named like it, imported alone (None: no such module or stage, or it runs
+    only inside the pipeline): `receval ingest` then imports what `python -m jobs.receval.ingest` imports, not
+    every stage's libraries (torch, MLflow: seconds)."""
+    from jobs.infra.stage import Stage
+
+    for info in pkgutil.walk_packages(importlib.import_module(package).__path__, prefix=f"{package}."):
+        if info.name.rpartition(".")[2] == name:
+            stage = getattr(importlib.import_module(info.name), "STAGE", None)
+            if isinstance(stage, Stage) and stage.name == name and stage.body is not None:
+                return stage
+    return None
+
+
+def command(name: str) -> Command | None:
+    """The command `name` runs, importing what it needs: a tool its module, a stage its module (a stage named
+    unlike its module, such as cot_eval in jobs.cot.evaluate, every stage's)."""
+    if name == "setup" or name in TOOLS:
+        return tool_command(name)
+    stage_name = name.replace("-", "_")
+    alone = _alone(stage_name)
+    return stage_command(alone) if alone is not None else commands().get(stage_name)
+
+
+class _HelpFormatter(argparse.RawTextHelpFormatter):
+    """Each purpose on its command's line, as written (unwrapped). argparse measures subcommand names at their
+    parent's indent, two columns short of where it prints them, so a name over 11 characters (`paper_tables`)
+    got its purpose on the next line."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        for sub in self._iter_indented_subactions(action):
+            printed = len(self._format_action_invocation(sub)) + self._current_indent + self._indent_increment
+            self._action_max_length = max(self._action_max_length, printed)
+
+
+def parser(listed: Iterable[Command]) -> argparse.ArgumentParser:
+    """receval's command line: a subcommand per command, in order. A subcommand parses nothing itself: what follows
+    its name goes to its main, whose own parser says what it means (and answers its --help)."""
+    top = argparse.ArgumentParser(
+        prog=PROG, description="Every stage and tool of receval-spark, each by name (python -m <its module> too).",
+        formatter_class=_HelpFormatter,
+        epilog="Relative paths in config resolve against $RECEVAL_HOME, else a checkout's root, else the working "
+               "directory; --print-config shows where each setting points.")
+    subcommands = top.add_subparsers(
+        title="commands", metavar="COMMAND", required=True,
+        description=f"The stages first (each takes --config FILE, --set KEY=VALUE, --print-config, --dry-run),\n"
+                    f"then the tools ({', '.join(('setup', *TOOLS))}).\n{PROG} COMMAND --help: its own flags.")
+    for c in listed:
+        # argparse %-formats help text: a purpose's own % sign stays one.
+        subcommands.add_parser(c.name, help=c.purpose.replace("%", "%%"), add_help=False).set_defaults(run=c.run)
+    return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(usage())
+        parser(commands().values()).print_help()
         return 0 if argv else 2
-    name, rest = argv[0], argv[1:]
-    if name == "setup":
-        for module, takes_settings in SETUP:
-            code = run_module(module, f"{PROG} setup", rest if takes_settings else ["--out", MODELS])
-            if code:
-                return code
-        return 0
-    if name in TOOLS:
-        return run_module(TOOLS[name], f"{PROG} {name}", rest)
-    modules = stage_modules()
-    stage = name.replace("-", "_")
-    if stage in modules:
-        return run_module(modules[stage], f"{PROG} {name}", rest)
-    known = sorted([*modules, "setup", *TOOLS])
-    print(f"{PROG}: unknown command {name!r}; commands: {', '.join(known)} ({PROG} --help says what each does)",
-          file=sys.stderr)
-    return 2
+    found = command(argv[0])
+    if found is None:
+        known = ", ".join(commands())
+        print(f"{PROG}: unknown command {argv[0]!r}; commands: {known} ({PROG} --help says what each does)",
+              file=sys.stderr)
+        return 2
+    # The parser holds the one command named: a run imports that command's module, not every stage's.
+    args, rest = parser([found]).parse_known_args([found.name, *argv[1:]])
+    try:
+        return args.run(rest, f"{PROG} {argv[0]}")
+    except SystemExit as stop:  # what `python -m` makes of it
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)  # SystemExit("message"), as the interpreter prints it
+        return 1
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyspark
@@ -122,8 +123,8 @@ def fetch(jars_dir: str, ivy_dir: str = ".ivy") -> list[str]:
     return [str(j) for j in jars]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     add_settings_arguments(parser)
     args = parser.parse_args(argv)
     settings = load_settings(args.config, args.overrides)

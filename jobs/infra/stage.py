@@ -5,10 +5,11 @@ section, its own flags and its body. `Stage.main(argv)` gives every stage the sa
 `--set`, `--print-config`, `--dry-run` and `--help`, one Spark session, one MLflow run (jobs.infra.tracking)
 with the tables it read and wrote as dataset lineage (jobs.infra.lineage), logs and the heartbeat.
 
-Started as a program (`python -m <module>`, `receval <name>`: every module's main block is `main()`), a stage
-reads this process's command line and chooses its model profile as the night does (`command_line`: the `small`
-profile once `make models` built it, unless a layer chose one), so a stage run alone writes its rows under the
-night's config hash; an expected failure (`StageFailed`) ends it with one line and exit status 1. The nightly
+Started as a program (`python -m <module>`: every module's main block is `main()`; `receval <name>`, which calls
+`STAGE.main` with its arguments, jobs.infra.cli), a stage chooses its model profile as the night does
+(`with_built_models`: the `small` profile once `make models` built it, unless a layer chose one), so a stage run
+alone writes its rows under the night's config hash; an expected failure (`StageFailed`) ends it with one line and
+exit status 1. The nightly
 pipeline builds its plan, its dry-run and the lineage its child runs record from the stages it is made of
 (`parts`), so a stage's tables are written down in one place.
 
@@ -63,8 +64,9 @@ def with_built_models(
 
 def command_line(argv: Sequence[str] | None = None) -> list[str]:
     """The arguments a stage runs with: `argv` as given (a test or a caller chooses every layer itself), or, when
-    None, this process's command line (sys.argv[1:]) with the model profile the night chooses (with_built_models):
-    `python -m`, `receval` and the pipeline then score with the same models, under the same config hash."""
+    None, this process's command line (sys.argv[1:]) with the model profile the night chooses (with_built_models;
+    `receval NAME ARGS` passes its ARGS through it too): `python -m`, `receval` and the pipeline then score with
+    the same models, under the same config hash."""
     return list(argv) if argv is not None else with_built_models(sys.argv[1:])
 
 
@@ -118,11 +120,12 @@ class Stage:
         names = [*self.outputs(settings), *(n for part in self.parts for n in part.written(settings))]
         return tuple(dict.fromkeys(names))
 
-    def parser(self) -> argparse.ArgumentParser:
-        """The command line: the stage's own flags, then the ones every stage has."""
+    def parser(self, prog: str | None = None) -> argparse.ArgumentParser:
+        """The command line: the stage's own flags, then the ones every stage has. `prog` names the command in
+        --help (`receval NAME`; None: argparse's own, from sys.argv[0])."""
         epilog = f"settings: the `{self.section}` section (see --print-config)" if self.section else None
         parser = argparse.ArgumentParser(
-            description=self.doc, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+            prog=prog, description=self.doc, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
         )
         if self.arguments is not None:
             self.arguments(parser)
@@ -137,10 +140,11 @@ class Stage:
                 help="take the lake's claim even from a live run (logged; docs/OPERATIONS.md, Overlapping runs)")
         return parser
 
-    def main(self, argv: Sequence[str] | None = None) -> Any:
-        """`python -m <the stage's module>`: parse, check, then run the body inside one MLflow run. `argv` None:
-        this process's command line, with the night's model profile (command_line)."""
-        args = self.parser().parse_args(command_line(argv))
+    def main(self, argv: Sequence[str] | None = None, prog: str | None = None) -> Any:
+        """`python -m <the stage's module>`, `receval NAME`: parse, check, then run the body inside one MLflow run.
+        `argv` None: this process's command line, with the night's model profile (command_line); `prog`: the
+        command its --help names."""
+        args = self.parser(prog).parse_args(command_line(argv))
         settings, sources = load_settings_with_sources(args.config, args.overrides)
         if args.print_config:
             print(describe(settings, sources))
@@ -231,15 +235,20 @@ def dry_run(spark: SparkSession | None, settings: Settings, stage: Stage, args: 
     return "\n".join(lines)
 
 
-def declared(package: str = "jobs") -> dict[str, Stage]:
-    """Every stage of the project by name: the `STAGE` of each module under `package` (imports them all)."""
+def declaring_modules(package: str = "jobs") -> dict[str, str]:
+    """Every stage's name -> the module that declares it (its `STAGE`), for each module under `package` (imports
+    them all)."""
     root = importlib.import_module(package)
-    found: dict[str, Stage] = {}
+    found: dict[str, str] = {}
     for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
-        module = importlib.import_module(info.name)
-        stage = getattr(module, "STAGE", None)
+        stage = getattr(importlib.import_module(info.name), "STAGE", None)
         if isinstance(stage, Stage):
             if stage.name in found:
-                raise ValueError(f"two stages named {stage.name!r}: {info.name} and another module")
-            found[stage.name] = stage
+                raise ValueError(f"two stages named {stage.name!r}: {found[stage.name]} and {info.name}")
+            found[stage.name] = info.name
     return found
+
+
+def declared(package: str = "jobs") -> dict[str, Stage]:
+    """Every stage of the project by name: the `STAGE` of each module under `package` (imports them all)."""
+    return {name: importlib.import_module(module).STAGE for name, module in declaring_modules(package).items()}

@@ -194,8 +194,8 @@ def build_all(root: str | Path = MODELS, force: bool = False) -> dict[str, Path]
     return built
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     parser.add_argument("--out", default=MODELS)
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)

@@ -26,7 +26,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -455,8 +455,8 @@ def replay(path: str) -> str:
     return run_id
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="MLflow tracking tools")
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description="MLflow tracking tools")
     sub = parser.add_subparsers(dest="cmd", required=True)
     rp = sub.add_parser("replay", help="send a saved replay bundle to MLflow")
     rp.add_argument("file")
