@@ -289,9 +289,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             # defaults (which skip these textbook-sized chains' selection anyway, bench/long_chains.py --shares).
             "nli.inter_history=all", "nli.intra_history=all", "pvi.intra_history=all",
         ], environ={})
-        # Executors of a standalone cluster import the project from this checkout.
+        # Executors of a standalone cluster import the project from this checkout (the session gives them the
+        # driver's RECEVAL_HOME, this checkout's root, for relative model folders).
         extra = {"spark.driver.memory": "2g", "spark.sql.adaptive.enabled": "false",
-                 "spark.executorEnv.PYTHONPATH": str(ROOT), "spark.executorEnv.RECEVAL_PROJECT_ROOT": str(ROOT)}
+                 "spark.executorEnv.PYTHONPATH": str(ROOT)}
         spark = build_session(settings.spark, extra=extra)
         pipeline(spark, settings, workload.chains(4, seed=99))  # warm-up: workers start, models load once
         return spark, settings

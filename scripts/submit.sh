@@ -12,7 +12,9 @@
 #   * ships the Delta jars from the jar cache (.jars/, `python -m jobs.infra.jars`) with --jars; none where the
 #     cluster provides Delta Lake: RECEVAL__SPARK__DELTA_JARS=false (the job's spark.delta_jars setting);
 #   * runs driver and Python workers with this project's interpreter (PYSPARK_PYTHON, default .venv/bin/python);
-#   * sets the job's spark.master setting to the same URL, so tracking tags name the real cluster.
+#   * sets the job's spark.master setting to the same URL, so tracking tags name the real cluster;
+#   * points RECEVAL_HOME (udfs/home.py: where relative paths resolve) at this checkout for the driver and the
+#     executors, unless it is set already.
 # Executors must see the same interpreter path and model folders (a shared or identical install).
 # Without a checkout, submit the wheel itself: README "Install as a package" (spark-submit --py-files the .whl).
 set -euo pipefail
@@ -84,7 +86,8 @@ else:
     runpy.run_module(target, run_name="__main__", alter_sys=True)
 PYLAUNCH
 
-export PYSPARK_PYTHON="$PY" PYSPARK_DRIVER_PYTHON="$PY" RECEVAL_PROJECT_ROOT="$ROOT"
+# A RECEVAL_HOME of the caller's wins, as it does in a job started without this script.
+export PYSPARK_PYTHON="$PY" PYSPARK_DRIVER_PYTHON="$PY" RECEVAL_HOME="${RECEVAL_HOME:-$ROOT}"
 export RECEVAL__SPARK__MASTER="$MASTER"
 cd "$ROOT"
 # Four attempts per task (tasks lost with their executor do not count); an explicit --conf wins.
@@ -97,6 +100,6 @@ cd "$ROOT"
   --conf "spark.pyspark.python=$PY" \
   --conf "spark.pyspark.driver.python=$PY" \
   --conf "spark.executorEnv.PYSPARK_PYTHON=$PY" \
-  --conf "spark.executorEnv.RECEVAL_PROJECT_ROOT=$ROOT" \
+  --conf "spark.executorEnv.RECEVAL_HOME=$RECEVAL_HOME" \
   ${SUBMIT_OPTS[@]+"${SUBMIT_OPTS[@]}"} \
   "$WORK/launch.py" "$TARGET" "$@"

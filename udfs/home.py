@@ -24,7 +24,8 @@ from importlib import resources
 from pathlib import Path
 
 HOME_ENV = "RECEVAL_HOME"
-# The older name, still set by scripts that predate RECEVAL_HOME (a checkout's folder shared with executors).
+# The older name (a checkout's folder shared with executors): no script here sets it any more, but cluster configs
+# and wrappers written before RECEVAL_HOME may, and their relative paths must not move.
 LEGACY_HOME_ENV = "RECEVAL_PROJECT_ROOT"
 # The folder above udfs/: a checkout's root, or site-packages (or a zip shipped to executors) when installed.
 CODE_ROOT = Path(__file__).resolve().parent.parent
