@@ -17,6 +17,7 @@ from schemas import metrics as MR
 
 CHAIN_ID = "chain_id"
 CONFIG_HASH = "config_hash"
+KEYS = [CHAIN_ID, CONFIG_HASH]  # one row per chain and config hash: the table's MERGE key
 N_STEPS = "n_steps"
 API_KS = list(MR.API_KS)
 

@@ -61,6 +61,7 @@ SCHEMA = StructType(
         StructField(STEP_RCUS, ArrayType(STEP_RCU), True),  # last: tables made before it gain it at the end
     ]
 )
+KEYS = [CHAIN_ID]  # one row per chain, whatever the config hash: ingest's and score_chains' insert-only MERGE key
 
 
 def content_hash(record: Mapping[str, Any]) -> str:

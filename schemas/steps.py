@@ -29,6 +29,7 @@ SCHEMA = StructType(
         StructField(EXTRACTOR, StringType(), False),
     ]
 )
+KEYS = [CHAIN_ID, CONFIG_HASH, STEP_IDX]  # the insert-only MERGE key of `steps`
 
 CONTEXT_SENTENCES = "context_sentences"
 ANSWER = "answer"  # a_hat used for information gain
@@ -43,3 +44,4 @@ CONTEXTS_SCHEMA = StructType(
         StructField(ANSWER_RULE, StringType(), False),
     ]
 )
+CONTEXTS_KEYS = [CHAIN_ID, CONFIG_HASH]  # one row per chain and config hash

@@ -28,7 +28,6 @@ from schemas import step_scores as SS
 
 log = logging.getLogger(__spec__.name)
 
-KEYS = [CS.CHAIN_ID, CS.CONFIG_HASH]
 MODEL_COLS = [CS.NLI_MODEL, CS.PVI_MODEL, CS.PVI_NULL_MODEL, CS.IG_MODEL]
 
 
@@ -70,7 +69,7 @@ def transform(step_scores: DataFrame, cfg: AggregateSettings) -> DataFrame:
     # array_sort on (step_idx, value) structs puts API_k's values in step order whatever the row order was.
     gains = ([F.array_sort(F.collect_list(F.struct(F.col(SS.STEP_IDX).alias("i"), F.col(api_metric.name).alias("g"))))
               .alias("_gains")] if api_metric is not None else [])
-    grouped = step_scores.groupBy(*KEYS).agg(
+    grouped = step_scores.groupBy(*CS.KEYS).agg(
         F.count(F.lit(1)).cast("int").alias(CS.N_STEPS),
         *[agg for m in MR.of_table(MR.STEP_SCORES) for agg in _metric_aggs(m)],
         *gains,
@@ -124,7 +123,7 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
                              if not m.sparse])
             ).count(),
         }
-        tables.upsert(spark, chains, settings.table("chain_scores"), CS.schema(), KEYS)
+        tables.upsert(spark, chains, settings.table("chain_scores"), CS.schema(), CS.KEYS)
     return counts
 
 

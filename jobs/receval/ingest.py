@@ -700,7 +700,7 @@ def run_with_reasons(
             "quarantined": sum(by_reason.values()),
             "replacement_char": int(read["fffd"] or 0),
         }
-        counts["inserted"] = tables.insert_new(spark, fresh, path, C.SCHEMA, [C.CHAIN_ID])
+        counts["inserted"] = tables.insert_new(spark, fresh, path, C.SCHEMA, C.KEYS)
         tables.append_quarantine(spark, settings, rejected)
         counts["reconciled"] = int(
             counts["candidates"] == counts["inserted"] + counts["already_present"] + counts["quarantined"]
