@@ -158,16 +158,10 @@ class Stage:
         run_id = uuid.uuid4().hex
         held = None
         if not args.dry_run and self.written(settings):
-            from jobs.infra.logs import setup_logging
-
-            setup_logging(settings.log.level)  # the claim's lines (waiting, taken over) in the job's format
+            name = self.run_name(args) if self.run_name is not None else self.name
             try:
-                held = claim.take(settings, self.name, run_id, force=getattr(args, "force", False))
+                held = take_claim(settings, self.name, run_id, getattr(args, "force", False), name)
             except claim.LakeBusy as busy:
-                name = self.run_name(args) if self.run_name is not None else self.name
-                skipped_run(settings, name, run_id, str(busy), {
-                    "lake_claim.holder_run": busy.holder.run_id, "lake_claim.holder_host": busy.holder.host,
-                    "lake_claim.holder_job": busy.holder.job})
                 print(f"{self.name}: {busy}", file=sys.stderr, flush=True)
                 raise SystemExit(claim.EXIT_BUSY) from None
         try:
@@ -195,16 +189,40 @@ class Stage:
         records = spark is not None and not self.parts
         with job_run(settings, name, local_id=run_id) as tracked:
             if held is not None:
-                h = held.holder
-                tracked.set_tags({"lake_claim.generation": h.generation, "lake_claim.host": h.host,
-                                  **({"lake_claim.took_over": h.took_over} if h.took_over else {}),
-                                  **({"lake_claim.forced": "true"} if h.forced else {})})
+                tracked.set_tags(claim_tags(held.holder))
             if records:
                 lineage.log_tables(spark, settings, tracked, self.inputs(settings), "input")
             result = self.body(Job(spark, settings, tracked, args))
             if records:
                 lineage.log_tables(spark, settings, tracked, self.outputs(settings), "output")
         return result
+
+
+def take_claim(
+    settings: Settings, job: str, run_id: str, force: bool = False, run_name: str | None = None
+) -> claim.Claim:
+    """The lake's claim for a run that writes its tables, taken as every such run takes it (jobs.infra.claim.take;
+    its lines, waiting or taking over, in the jobs' log format). A live holder raises claim.LakeBusy, once the
+    skipped run is recorded in MLflow as `run_name` (None: the run would have opened none, so none is recorded):
+    `Stage.main` ends with its one line and exit EXIT_BUSY, a caller from code (score_chains) gets the exception."""
+    from jobs.infra.logs import setup_logging
+
+    setup_logging(settings.log.level)
+    try:
+        return claim.take(settings, job, run_id, force=force)
+    except claim.LakeBusy as busy:
+        if run_name is not None:
+            skipped_run(settings, run_name, run_id, str(busy), {
+                "lake_claim.holder_run": busy.holder.run_id, "lake_claim.holder_host": busy.holder.host,
+                "lake_claim.holder_job": busy.holder.job})
+        raise
+
+
+def claim_tags(holder: claim.Holder) -> dict[str, Any]:
+    """The MLflow tags of the run that holds the lake's claim: which generation, on which host, and how it got it."""
+    return {"lake_claim.generation": holder.generation, "lake_claim.host": holder.host,
+            **({"lake_claim.took_over": holder.took_over} if holder.took_over else {}),
+            **({"lake_claim.forced": "true"} if holder.forced else {})}
 
 
 def settings_of(argv: Sequence[str]) -> Settings:
