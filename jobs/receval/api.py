@@ -11,15 +11,22 @@ and the nightly pipeline on a lake path.
 
     summary = run_pipeline("/mnt/lake", input="/mnt/outputs/*.jsonl")     # the night, as `receval pipeline` runs it
 
-`score_chains` runs the pipeline's own transforms (ingest's validation and mapping, steps, NLI and PVI scores,
-aggregate) on the frame: the same scores the pipeline writes for those chains (tests/jobs/test_pipeline_offline.py
-compares them), without reading or writing the lake and without an MLflow run unless asked (`write`, `track`).
+`score_chains` runs the pipeline's own transforms (ingest's validation and mapping, then the night's steps, NLI
+and PVI scores and aggregate: jobs.receval.pipeline.Transforms) on the frame: the same scores the pipeline writes
+for those chains (tests/jobs/test_pipeline_offline.py compares them), without reading or writing the lake and
+without an MLflow run unless asked (`write`, `track`).
+
+Both resolve their settings as `receval pipeline` does (settings_for): the same layers, and the `small` model
+profile once `make models` built it unless a layer chose one, so a notebook scores with the night's models under
+the night's config hash. A write holds the lake's claim as a night does (jobs.infra.claim): one writing run at a
+time, and a lake a live run holds is left untouched (claim.LakeBusy).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,13 +35,10 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from jobs.infra import tables
-from jobs.infra.config import Settings, load_settings
-from jobs.receval import aggregate, ingest, score, scores_table
-from jobs.receval import steps as steps_job
-from schemas import chain_scores as CS
-from schemas import chains as C
-from schemas import steps as ST
+from jobs.infra import claim, tables
+from jobs.infra.config import Settings
+from jobs.infra.stage import claim_tags, settings_of, take_claim, with_built_models
+from jobs.receval import ingest, pipeline, score
 
 Overrides = Sequence[str] | Mapping[str, Any]
 
@@ -49,9 +53,22 @@ def _pairs(overrides: Overrides) -> list[str]:
     return list(overrides)
 
 
+def _command_line(overrides: Overrides, config: str | os.PathLike[str] | None, *pairs: str) -> list[str]:
+    """The command line `receval pipeline` would get for these settings: `config` as --config, `pairs` then the
+    caller's overrides (which win) as --set, and the model profile the night chooses (with_built_models), as
+    `receval` adds it to every stage's arguments."""
+    argv = [] if config is None else ["--config", os.fspath(config)]
+    for pair in (*pairs, *_pairs(overrides)):
+        argv += ["--set", pair]
+    return with_built_models(argv)
+
+
 def settings_for(overrides: Overrides = (), config: str | os.PathLike[str] | None = None) -> Settings:
-    """The settings a job gets for `--config config --set ...` (defaults, profiles, RECEVAL__* variables too)."""
-    return load_settings(config, _pairs(overrides))
+    """The settings `receval pipeline --config config --set ...` runs with: defaults, profiles, RECEVAL__* variables,
+    and the `small` model profile once `make models` built it where no layer chose a profile (an explicit
+    `models.profile` override still wins). Resolved by the stages' own path (jobs.infra.stage: with_built_models,
+    then settings_of), so the scores land under the night's config hash."""
+    return settings_of(_command_line(overrides, config))
 
 
 @dataclass
@@ -104,6 +121,7 @@ def score_chains(
     source: str = "dataframe",
     write: bool = False,
     track: bool = False,
+    force: bool = False,
 ) -> Scores:
     """Score the chains in a DataFrame: step scores (NLI: intra_entail, inter; PVI: intra_pvi, info_gain) and chain
     scores (min over steps, mean, worst step, API_k), as the nightly pipeline computes them.
@@ -112,43 +130,69 @@ def score_chains(
       ingest preset's (name it: `ingest.preset=chat`, `lm_eval`, `vllm`, ...; `ingest.mapping.<field>=<path>`
       for other shapes). `json_column` names a column that holds each row as JSON text instead.
     overrides: settings as `--set` takes them (["models.profile=small"] or {"models.profile": "small"});
-      `config`: a YAML file layered under them, as --config.
+      `config`: a YAML file layered under them, as --config. Resolved as `receval pipeline` resolves them
+      (settings_for): the `small` model profile once `make models` built it, unless a layer chose one.
     write: also insert the rows into the lake (paths.lake: chains, steps, contexts, step_scores, chain_scores,
-      quarantine) the way the pipeline does (insert-only MERGEs: chains already there under this config hash are
-      kept, not scored twice into the tables).
+      quarantine) the way the pipeline does (jobs.receval.pipeline.insert: insert-only MERGEs, so chains already
+      there under this config hash are kept, not scored twice into the tables). The write holds the lake's claim
+      as a night does, from before anything is computed until the last table is written (released on an error
+      too); `force`: take it even from a live run, as `--force` (logged; docs/OPERATIONS.md, Overlapping runs).
     track: one MLflow run ("score_chains") with the config and the counts.
 
-    A missing model fails before any Spark job runs, naming the setting and how to provide it.
+    A missing model fails before any Spark job runs, naming the setting and how to provide it. With `write`, a
+    lake another live run holds (a night, `maintain`) raises jobs.infra.claim.LakeBusy before anything is
+    computed or written: the exception behind the CLI's busy exit, whose message is the line `receval pipeline`
+    prints before it exits with status 75 (claim.EXIT_BUSY); with `track` too, the skipped run is recorded in
+    MLflow as the CLI records it. Under `pipeline.on_busy=wait` it waits for the claim first, as a night does. A
+    claim taken over while writing (another run's `--force`) raises claim.ClaimLost before the next table.
     """
-    from jobs.receval.pipeline import prepare
-
     settings = settings_for(overrides, config)
-    prepare(settings, None)
-    config_hash = settings.scoring_hash()
+    pipeline.prepare(settings, None)
+    run_id = uuid.uuid4().hex  # the claim's holder and the MLflow run's local id, as a stage's run
+    # Taken before any Spark job, as a night takes it before its session starts: a busy lake costs no scoring.
+    held_lake = take_claim(settings, "score_chains", run_id, force, "score_chains" if track else None) if write else None
+    try:
+        result, contexts = _score(chains, settings, json_column, source)
+        try:
+            if write or track:
+                _write_and_track(result, contexts, write, track, run_id, held_lake)
+        except BaseException:
+            result.release()
+            raise
+        return result
+    finally:
+        if held_lake is not None:
+            claim.release(held_lake)
+
+
+def _score(chains: DataFrame, settings: Settings, json_column: str | None, source: str) -> tuple[Scores, DataFrame]:
+    """The night's transforms on a frame: ingest's validation and mapping, then the pipeline's own steps, scores
+    and aggregate (pipeline.Transforms, score.score_steps and split, as score.run). Returns the scores and the
+    `contexts` rows; each frame that feeds two others is persisted in the Scores' holder, so the models run once."""
+    links = pipeline.Transforms()
     held = tables.Held()
     try:
         on_error = settings.runtime.on_row_error
         checked = held(ingest.check(raw_rows(chains, json_column, source), settings.ingest, on_error))
         valid, rejected = ingest.transform(checked, settings.ingest, on_error)
         valid = held(valid)
-        steps, contexts, steps_bad = steps_job.transform(
-            valid, settings.steps, settings.models, settings.runtime, config_hash, held)
+        steps, contexts, steps_bad = links.steps(valid, settings, held)
         steps, contexts = held(steps), held(contexts)
-        scored = held(score.score_steps(steps, contexts, settings))
+        scored = held(score.score_steps(steps, contexts, settings, links.nli, links.pvi))
         step_scores, score_bad = score.split(scored)
         step_scores = held(step_scores)
-        chain_scores = aggregate.transform(step_scores, settings.aggregate)
+        chain_scores = links.aggregate(step_scores, settings)
         quarantine = rejected.unionByName(steps_bad).unionByName(score_bad)
-        result = Scores(settings, config_hash, valid, steps, step_scores, chain_scores, quarantine, _held=held)
-        if write or track:
-            _write_and_track(result, contexts, write, track)
-        return result
+        scores = Scores(settings, settings.scoring_hash(), valid, steps, step_scores, chain_scores, quarantine,
+                        _held=held)
+        return scores, contexts
     except BaseException:
         held.__exit__(None, None, None)
         raise
 
 
-def _write_and_track(result: Scores, contexts: DataFrame, write: bool, track: bool) -> None:
+def _write_and_track(result: Scores, contexts: DataFrame, write: bool, track: bool, run_id: str,
+                     held_lake: claim.Claim | None) -> None:
     from jobs.infra.tracking import job_run
 
     settings, spark = result.settings, result.chains.sparkSession
@@ -158,23 +202,21 @@ def _write_and_track(result: Scores, contexts: DataFrame, write: bool, track: bo
                 "scored_chains": result.chain_scores.count(), "quarantined": result.quarantine.count()}
 
     def insert() -> dict[str, int]:
-        written = {
-            "chains": tables.insert_new(spark, result.chains, settings.table("chains"), C.SCHEMA, [C.CHAIN_ID]),
-            "steps": tables.insert_new(spark, result.steps, settings.table("steps"), ST.SCHEMA,
-                                       [ST.CHAIN_ID, ST.CONFIG_HASH, ST.STEP_IDX]),
-            "contexts": tables.insert_new(spark, contexts, settings.table("contexts"), ST.CONTEXTS_SCHEMA,
-                                          [ST.CHAIN_ID, ST.CONFIG_HASH]),
-            "step_scores": scores_table.write(spark, settings, result.step_scores),
-            "chain_scores": tables.insert_new(spark, result.chain_scores, settings.table("chain_scores"),
-                                              CS.SCHEMA, [CS.CHAIN_ID, CS.CONFIG_HASH]),
-        }
-        written["quarantine"] = tables.append_quarantine(spark, settings, result.quarantine)
+        frames = {"chains": result.chains, "steps": result.steps, "contexts": contexts,
+                  "step_scores": result.step_scores, "chain_scores": result.chain_scores,
+                  "quarantine": result.quarantine}
+        written = {}
+        for name in pipeline.CHAIN_TABLES:  # the night's tables and order: a chain's markers after its rows
+            claim.check_held(settings)  # a claim taken over writes no further table, as a night's next batch
+            written[name] = pipeline.insert(spark, settings, name, frames[name])
         return written
 
     if not track:
         result.written = insert()
         return
-    with job_run(settings, "score_chains") as tracked:
+    with job_run(settings, "score_chains", local_id=run_id) as tracked:
+        if held_lake is not None:
+            tracked.set_tags(claim_tags(held_lake.holder))
         tracked.log_metrics(counts())
         if write:
             result.written = insert()
@@ -188,19 +230,18 @@ def run_pipeline(
     overrides: Overrides = (),
     *,
     config: str | os.PathLike[str] | None = None,
-):
+) -> pipeline.Summary:
     """The nightly pipeline (`receval pipeline`) on the lake at `lake`, from code: ingest `input` (default:
     ingest.input), steps, scores, aggregate, curate, the report; one MLflow parent run with a child per stage.
     Returns the pipeline's Summary (rows per table, stages, scores by label, the MLflow run id). Uses the active
-    Spark session when there is one (a notebook's)."""
-    from jobs.receval import pipeline
+    Spark session when there is one (a notebook's).
 
+    It runs as `receval pipeline --set paths.lake=... --set ...` does, model profile included (settings_for), and
+    ends as it ends: a lake another live run holds raises SystemExit(75) (claim.EXIT_BUSY) after the one line on
+    the standard error, having written nothing; an expected failure (a commit conflict, a lost claim, ingest's
+    quarantine limit) raises SystemExit with the CLI's one-line message."""
     lake = str(Path(lake))
-    argv = ["--set", f"paths.lake={lake}", "--set", f"paths.checkpoints={lake}/_checkpoints"]
+    pairs = [f"paths.lake={lake}", f"paths.checkpoints={lake}/_checkpoints"]
     if input is not None:
-        argv += ["--set", f"ingest.input={input}"]
-    if config is not None:
-        argv += ["--config", os.fspath(config)]
-    for pair in _pairs(overrides):
-        argv += ["--set", pair]
-    return pipeline.main(argv)
+        pairs.append(f"ingest.input={input}")
+    return pipeline.main(_command_line(overrides, config, *pairs))
