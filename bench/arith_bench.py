@@ -44,7 +44,7 @@ def load_processbench(data: Path, subset: str) -> list[dict]:
 
 
 def load_roscoe(data: Path) -> tuple[list[dict], list[dict]]:
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
     from jobs.metaeval.human_labels import load_with_step_labels
 
     settings = load_settings(overrides=[f"paths.data={data}"], environ={})

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from jobs.cot.data import load_bbh
     from jobs.cot.settings import CotSettings
-    from jobs.infra.config import resolve_path
+    from jobs.infra.config_paths import resolve_path
     from udfs.cot_text import direct_prompt
     from udfs.loglik import score
     from udfs.options import score_options

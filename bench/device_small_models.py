@@ -124,7 +124,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import torch
 
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
     from jobs.training import train_nli, train_pvi
 
     results: dict = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jobs.infra.config import dataset_file  # noqa: E402
+from jobs.infra.config_paths import dataset_file  # noqa: E402
 from jobs.selection.settings import SampleSettings  # noqa: E402
 
 

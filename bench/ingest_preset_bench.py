@@ -60,7 +60,7 @@ def main() -> None:
 
     import pandas as pd
 
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
     from jobs.infra.session import build_session
     from jobs.receval import ingest
 

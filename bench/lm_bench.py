@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jobs.infra.config import resolve_path  # noqa: E402
+from jobs.infra.config_paths import resolve_path  # noqa: E402
 from jobs.metaeval.settings import PerturbSettings  # noqa: E402
 
 EB_TEST = resolve_path(PerturbSettings().eb_task1_test)  # python -m jobs.infra.data fetch entailment_bank
@@ -120,7 +120,7 @@ def main(argv=None) -> None:
 
     import torch
 
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
     from jobs.infra.tiny_models import build_gpt2
     from udfs import loglik, runtime
 

@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jobs.infra.config import load_settings  # noqa: E402
+from jobs.infra.config_layers import load_settings  # noqa: E402
 from jobs.infra.session import build_session  # noqa: E402
 from jobs.metaeval import localise  # noqa: E402
 from jobs.metaeval import localise_maths as L  # noqa: E402

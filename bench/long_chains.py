@@ -81,7 +81,7 @@ def reasoning_text(n: int, seed: int = 0) -> str:
 
 def boundaries(n: int) -> list[dict]:
     """Steps a reasoning-model chain of n paragraphs becomes under each text boundary, and the steps stage's time."""
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
     from jobs.receval import steps as J
 
     text = reasoning_text(n)
@@ -233,7 +233,7 @@ def run_case(profile: str, case: str, cache: Path) -> dict:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from pyspark.sql import functions as F
 
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
     from jobs.infra.session import build_session
     from jobs.receval import arith_scores, nli_scores, pvi_scores
     from schemas import step_scores as SS

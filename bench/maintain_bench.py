@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from pyspark.sql import functions as F  # noqa: E402
 
 from jobs.infra import maintain, tables  # noqa: E402
-from jobs.infra.config import load_settings  # noqa: E402
+from jobs.infra.config_layers import load_settings  # noqa: E402
 from jobs.infra.session import build_session  # noqa: E402
 from schemas import chain_scores as CS  # noqa: E402
 

@@ -21,7 +21,7 @@ OUT = ROOT / "bench" / "data" / "gpu_path_chains.jsonl"
 
 
 def main() -> None:
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
     from jobs.receval import steps
     from schemas import chains as C
     from schemas import steps as S

@@ -68,7 +68,7 @@ def machine() -> str:
 def run_nights(spark, size: int, stages: str, batch: int, new_fraction: float, work: Path) -> list[dict]:
     from pipeline_fakes import Fakes
 
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
     from jobs.infra.tracking import JobRun
     from jobs.receval import pipeline
 

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jobs.infra.config import resolve_path  # noqa: E402
+from jobs.infra.config_paths import resolve_path  # noqa: E402
 from jobs.metaeval.settings import PerturbSettings  # noqa: E402
 
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
     from jobs.infra.session import build_session
     from jobs.infra.tiny_models import build_nli_from_encoder
     from jobs.receval import nli_scores

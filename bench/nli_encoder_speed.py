@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jobs.infra.args import add_settings_arguments  # noqa: E402
-from jobs.infra.config import load_settings  # noqa: E402
+from jobs.infra.config_layers import load_settings  # noqa: E402
 from jobs.training import train_nli  # noqa: E402
 from jobs.training.train_nli import planned_steps  # noqa: E402
 

@@ -31,7 +31,7 @@ PER_TASK = 10
 def pairs_of(tok, chat: bool) -> tuple[list[str], list[list[str]]]:
     from jobs.cot.data import load_bbh
     from jobs.cot.settings import CotSettings
-    from jobs.infra.config import resolve_path
+    from jobs.infra.config_paths import resolve_path
     from udfs.cot_prompt import build_prompts
 
     cfg = CotSettings()

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> str:
 
     from pipeline_fakes import Fakes
 
-    from jobs.infra.config import SparkSettings, load_settings
+    from jobs.infra.config import SparkSettings
+    from jobs.infra.config_layers import load_settings
     from jobs.infra.session import build_session
     from jobs.infra.tracking import JobRun
 

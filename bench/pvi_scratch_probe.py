@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from jobs.infra.config import load_settings
+from jobs.infra.config_layers import load_settings
 from jobs.training import train_pvi as T
 
 SIZES = ((256, 2, 8000, 1024), (128, 2, 4000, 512), (192, 3, 6000, 768))  # d_model, layers, vocab, d_ff

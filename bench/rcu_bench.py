@@ -38,7 +38,9 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 import rcu_agreement as A  # noqa: E402
 
 from jobs.infra.args import add_settings_arguments  # noqa: E402
-from jobs.infra.config import Settings, load_settings, resolve_path  # noqa: E402
+from jobs.infra.config import Settings  # noqa: E402
+from jobs.infra.config_layers import load_settings  # noqa: E402
+from jobs.infra.config_paths import resolve_path  # noqa: E402
 from jobs.metaeval import entailment_bank as eb  # noqa: E402
 from jobs.receval import steps as J  # noqa: E402
 from schemas import chains as C  # noqa: E402

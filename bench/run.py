@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     import torch
 
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
     from jobs.infra.session import build_session
     from udfs import runtime
 

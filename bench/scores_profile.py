@@ -36,7 +36,7 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from pyspark.sql import functions as F
 
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
     from jobs.infra.session import build_session
     from jobs.receval import aggregate, arith_scores, nli_scores, pvi_scores, score
     from schemas import steps as S

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-from jobs.infra.config import load_settings, resolve_path  # noqa: E402
+from jobs.infra.config_layers import load_settings  # noqa: E402
+from jobs.infra.config_paths import resolve_path  # noqa: E402
 from jobs.metaeval import entailment_bank as eb  # noqa: E402
 from jobs.metaeval.settings import HumanLabelSettings  # noqa: E402
 from jobs.receval import steps as J  # noqa: E402

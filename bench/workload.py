@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from jobs.infra.config import resolve_path
+from jobs.infra.config_paths import resolve_path
 from jobs.metaeval.settings import HumanLabelSettings, PerturbSettings
 
 ROOT = Path(__file__).resolve().parent.parent

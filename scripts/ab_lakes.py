@@ -76,7 +76,7 @@ def compare(a: Path, b: Path, folders: list[str]) -> None:
     from pyspark.sql import functions as F
     from pyspark.testing import assertDataFrameEqual
 
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
     from jobs.infra.session import build_session
 
     spark = build_session(load_settings(overrides=["spark.master=local[2]"]).spark)

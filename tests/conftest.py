@@ -14,7 +14,9 @@ from types import ModuleType
 
 import pytest
 
-from jobs.infra.config import PROJECT_ROOT, Settings, load_settings
+from jobs.infra.config import Settings
+from jobs.infra.config_layers import load_settings
+from jobs.infra.config_paths import PROJECT_ROOT
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -232,7 +234,8 @@ def require_datasets(*names: str) -> Path:
     from filelock import FileLock
 
     from jobs.infra import data
-    from jobs.infra.config import PathSettings, resolve_path
+    from jobs.infra.config import PathSettings
+    from jobs.infra.config_paths import resolve_path
 
     folder = resolve_path(PathSettings().data)
     catalogue = data.load_catalogue()

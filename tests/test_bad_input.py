@@ -149,6 +149,6 @@ def test_validate_series_poisoned_row_quarantined_or_fails_per_config(monkeypatc
 
 
 def corpus_module_settings():
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
 
     return load_settings(environ={})

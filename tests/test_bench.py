@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs.infra.config import PROJECT_ROOT
+from jobs.infra.config_paths import PROJECT_ROOT
 
 
 @pytest.mark.slow

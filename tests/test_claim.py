@@ -16,7 +16,8 @@ from conftest import sqlite_store
 from delta.exceptions import ConcurrentAppendException
 
 from jobs.infra import claim, tables
-from jobs.infra.config import ConfigError, load_settings
+from jobs.infra.config import ConfigError
+from jobs.infra.config_layers import load_settings
 from jobs.infra.logs import setup_logging
 from jobs.infra.stage import Stage
 

@@ -32,7 +32,7 @@ from pyspark.testing import assertDataFrameEqual
 from test_package import build_wheel
 from tolerance import EXACT_FRAME
 
-from jobs.infra.config import load_settings
+from jobs.infra.config_layers import load_settings
 from jobs.receval import ingest, pipeline
 from udfs.model_paths import small_built
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from jobs.infra.config import ConfigError, cli_overrides, env_overrides, load_settings
+from jobs.infra.config import ConfigError
+from jobs.infra.config_layers import cli_overrides, env_overrides, load_settings
 
 
 def test_load_settings_defaults_are_local_and_offline():
@@ -155,7 +156,7 @@ def test_quoted_override_is_the_text_inside_the_quotes():
 # (commit 34ece97, then main's processbench section and human_labels.companion_labels): composing the settings
 # from the rooms (issue 29) must change none of them. A change of a default is a change of behaviour: it updates
 # tests/data/config_defaults.json in the same commit, regenerated with `python -c "import json; from
-# jobs.infra.config import load_settings; print(json.dumps(load_settings(environ={}).model_dump(mode='json'),
+# jobs.infra.config_layers import load_settings; print(json.dumps(load_settings(environ={}).model_dump(mode='json'),
 # indent=1, ensure_ascii=False))"`.
 DEFAULTS_DUMP = Path(__file__).parent / "data" / "config_defaults.json"
 SECTION_ORDER = [

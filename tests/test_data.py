@@ -17,7 +17,8 @@ import yaml
 from pydantic import BaseModel
 
 from jobs.infra import data
-from jobs.infra.config import DATA_TOKEN, Settings
+from jobs.infra.config import Settings
+from jobs.infra.config_paths import DATA_TOKEN
 from jobs.infra.data import (
     CatalogueError,
     ChecksumMismatch,

@@ -25,7 +25,7 @@ from cluster import assert_lakes_equal
 from conftest import sqlite_store
 from test_package import build_wheel
 
-from jobs.infra.config import PROJECT_ROOT
+from jobs.infra.config_paths import PROJECT_ROOT
 from jobs.infra.stage import declared
 
 # Slow: ~220 s on a quiet 2-core host (2026-12-07: the fresh venv 4 s, `receval --help` 8 s, the installed night

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.infra.config import PROJECT_ROOT
+from jobs.infra.config_paths import PROJECT_ROOT
 
 SUBPACKAGES = ["infra", "receval", "metaeval", "cot", "training", "selection"]
 PACKAGES = ["jobs", "udfs", "schemas"]

@@ -19,7 +19,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from jobs.infra.config import PROJECT_ROOT, load_settings
+from jobs.infra.config_layers import load_settings
+from jobs.infra.config_paths import PROJECT_ROOT
 from schemas import baseline_scores as B
 from schemas import chain_scores as CS
 from schemas import cot

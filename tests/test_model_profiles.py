@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from jobs.infra import cli, stage
-from jobs.infra.config import PROJECT_ROOT, load_settings, random_models_note
+from jobs.infra.config_describe import random_models_note
+from jobs.infra.config_layers import load_settings
+from jobs.infra.config_paths import PROJECT_ROOT
 from jobs.infra.stage import with_built_models
 from udfs.model_paths import REGISTRY_PREFIX, SMALL, registry_path, small_built
 

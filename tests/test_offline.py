@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from jobs.infra.config import PROJECT_ROOT
+from jobs.infra.config_paths import PROJECT_ROOT
 
 SCRIPT = """
 import sys

@@ -18,7 +18,7 @@ import pytest
 from setuptools import find_packages
 from setuptools.config.pyprojecttoml import read_configuration
 
-from jobs.infra.config import PROJECT_ROOT
+from jobs.infra.config_paths import PROJECT_ROOT
 
 # The checkout's folders the wheel carries as package data, and where they are in it (udfs.home.BUNDLED).
 SHIPPED = {"conf": "jobs/infra/conf", "tests/data/sample_lake": "jobs/infra/sample_lake"}
@@ -84,7 +84,9 @@ def test_the_wheel_carries_the_checkouts_conf_and_sample_lake_byte_for_byte(whee
 PROBE = r"""
 import json, os, sys
 from jobs.infra import config
-from jobs.infra.config import load_settings, load_settings_with_sources, describe, resolve_path, CONF_DIR
+from jobs.infra.config_describe import describe
+from jobs.infra.config_layers import load_settings, load_settings_with_sources
+from jobs.infra.config_paths import CONF_DIR, default_tracking_uri, resolve_path
 from udfs import home
 settings, sources = load_settings_with_sources(environ={})
 print(json.dumps({
@@ -96,7 +98,7 @@ print(json.dumps({
     "models": str(resolve_path(settings.paths.models)),
     "data": str(resolve_path(settings.paths.data)),
     "artifacts": str(resolve_path(settings.mlflow.artifact_location)),
-    "store": config.default_tracking_uri(),
+    "store": default_tracking_uri(),
     "input": str(resolve_path(settings.ingest.input)),
     "inputs": sorted(os.listdir(resolve_path(settings.ingest.input))),
     "templates": str(resolve_path(load_settings(environ={}).cot.p3_template_list)),
@@ -160,7 +162,8 @@ def test_the_wheel_as_a_zip_on_the_path_reads_its_conf_too(wheel, tmp_path):
 
 def test_the_checkout_resolves_against_its_root_as_before(tmp_path, monkeypatch):
     # make run / make test: the checkout's root, from whatever folder the code runs.
-    from jobs.infra.config import CONF_DIR, default_tracking_uri, load_settings, resolve_path
+    from jobs.infra.config_layers import load_settings
+    from jobs.infra.config_paths import CONF_DIR, default_tracking_uri, resolve_path
 
     monkeypatch.delenv("RECEVAL_HOME", raising=False)
     monkeypatch.delenv("RECEVAL_PROJECT_ROOT", raising=False)
@@ -174,7 +177,9 @@ def test_the_checkout_resolves_against_its_root_as_before(tmp_path, monkeypatch)
 # -- bad input: what is missing is named, with the path tried and the command that provides it ---------------
 BAD = r"""
 import sys
-from jobs.infra.config import ConfigError, dataset_file, load_settings
+from jobs.infra.config import ConfigError
+from jobs.infra.config_layers import load_settings
+from jobs.infra.config_paths import dataset_file
 from udfs.runtime import ModelUnavailable, check_available, resolve_model_path
 for call in (lambda: check_available("models/tiny-nli", "nli"),
              lambda: resolve_model_path("registry:gemma3-270m"),
@@ -225,7 +230,8 @@ def test_a_checkout_names_the_python_m_command(tmp_path):
 
 
 def test_an_unreadable_config_file_names_it(tmp_path):
-    from jobs.infra.config import ConfigError, load_settings
+    from jobs.infra.config import ConfigError
+    from jobs.infra.config_layers import load_settings
 
     broken = tmp_path / "broken.yaml"
     broken.write_text("runtime: [unclosed\n")

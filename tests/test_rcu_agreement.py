@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from jobs.infra.config import PROJECT_ROOT
+from jobs.infra.config_paths import PROJECT_ROOT
 
 # A benchmark's module (bench/ is no package): bench/rcu_bench.py scores the steps job's RCUs with it.
 sys.path.append(str(PROJECT_ROOT / "bench"))

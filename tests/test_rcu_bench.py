@@ -8,7 +8,9 @@ import json
 import pytest
 from conftest import load_script
 
-from jobs.infra.config import PROJECT_ROOT, Settings, load_settings
+from jobs.infra.config import Settings
+from jobs.infra.config_layers import load_settings
+from jobs.infra.config_paths import PROJECT_ROOT
 from jobs.receval import steps as J
 
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.infra.config import PROJECT_ROOT, ConfigError, load_settings
+from jobs.infra.config import ConfigError
+from jobs.infra.config_layers import load_settings
+from jobs.infra.config_paths import PROJECT_ROOT
 from udfs import runtime
 
 CODE_DIRS = ("jobs", "udfs", "schemas")

@@ -44,7 +44,7 @@ def test_delta_jars_false_starts_without_the_jar_cache_and_names_the_setting_whe
     import subprocess
     import sys
 
-    from jobs.infra.config import PROJECT_ROOT
+    from jobs.infra.config_paths import PROJECT_ROOT
 
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "RECEVAL_HOME": str(tmp_path)}
     env.pop("PYSPARK_GATEWAY_PORT", None)

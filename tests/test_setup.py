@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.infra.config import PROJECT_ROOT
+from jobs.infra.config_paths import PROJECT_ROOT
 
 CHECK = PROJECT_ROOT / "scripts" / "check_java.sh"
 

@@ -7,7 +7,7 @@ import sys
 
 from conftest import TEST_JVM_OPTIONS, TEST_SPARK_CONF_DIR
 
-from jobs.infra.config import PROJECT_ROOT
+from jobs.infra.config_paths import PROJECT_ROOT
 
 
 def test_session_runs_interpreted_expressions_with_c1(spark):

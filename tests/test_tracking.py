@@ -12,7 +12,7 @@ from jobs.infra.tracking import job_run
 
 
 def test_job_run_default_store_is_sqlite_in_project(settings, monkeypatch):
-    from jobs.infra.config import PROJECT_ROOT
+    from jobs.infra.config_paths import PROJECT_ROOT
     from jobs.infra.tracking import tracking_uri
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -22,7 +22,7 @@ from conftest import copy_sample
 from delta.tables import DeltaTable
 from mlflow.tracking import MlflowClient
 
-from jobs.infra.config import PROJECT_ROOT
+from jobs.infra.config_paths import PROJECT_ROOT
 from jobs.infra.tracking import job_run
 from jobs.receval import ingest
 

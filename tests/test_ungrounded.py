@@ -7,7 +7,7 @@ from fractions import Fraction as Fr
 
 from conftest import load_script
 
-from jobs.infra.config import PROJECT_ROOT
+from jobs.infra.config_paths import PROJECT_ROOT
 
 ungrounded = load_script(PROJECT_ROOT / "bench" / "ungrounded.py")
 

@@ -9,7 +9,7 @@ Two kinds of files, two places:
   relative to `home()`: `RECEVAL_HOME` when set, else the checkout this code runs from (so `make run` and
   `make test` write where they always did), else the working directory. Never the install location.
 
-No Spark, no job: `udfs.runtime` resolves model folders on the executors with it, `jobs.infra.config` every
+No Spark, no job: `udfs.runtime` resolves model folders on the executors with it, `jobs.infra.config_paths` every
 relative path in config.
 """
 

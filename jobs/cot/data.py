@@ -21,7 +21,7 @@ from jinja2 import StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 
 from jobs.cot.settings import CotSettings
-from jobs.infra.config import resolve_path
+from jobs.infra.config_paths import resolve_path
 from schemas import cot as S
 from udfs import cot_fewshot
 from udfs.cot_text import parse_options

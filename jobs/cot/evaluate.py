@@ -662,7 +662,7 @@ def publish_tables(settings: Settings, tracked: Any, metrics: pd.DataFrame, run_
     from pathlib import Path
 
     from jobs.cot import paper_tables as P
-    from jobs.infra.config import resolve_path
+    from jobs.infra.config_paths import resolve_path
 
     tables = P.paper_tables([(settings.models.cot.path, metrics)], settings.cot.confidence)
     header = f"model: {settings.models.cot.path} ({settings.models.cot.family}); {protocol_line(settings.cot)}"

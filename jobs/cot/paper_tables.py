@@ -19,7 +19,8 @@ from pathlib import Path
 import pandas as pd
 
 from jobs.cot.data import BBH_TASKS, MGSM_LANGUAGES
-from jobs.infra.config import Settings, resolve_path
+from jobs.infra.config import Settings
+from jobs.infra.config_paths import resolve_path
 from jobs.infra.stage import Job, Stage
 from schemas import cot as S
 

@@ -3,7 +3,7 @@
 Every stage (jobs.infra.stage.Stage.parser), every tool that reads the settings (claim, models, data, jars, the
 benchmarks) and the pre-parsing that looks at the settings before a stage parses its own command line (the model
 profile a run chooses, jobs.infra.stage.with_built_models) take them from here, so all of them read
-`args.config` and `args.overrides` the same way and pass them to jobs.infra.config.load_settings.
+`args.config` and `args.overrides` the same way and pass them to jobs.infra.config_layers.load_settings.
 """
 
 from __future__ import annotations

@@ -74,7 +74,9 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from jobs.infra.args import add_settings_arguments
-from jobs.infra.config import Section, Settings, load_settings, resolve_path
+from jobs.infra.config import Section, Settings
+from jobs.infra.config_layers import load_settings
+from jobs.infra.config_paths import resolve_path
 from jobs.infra.logs import setup_logging
 
 log = logging.getLogger(__spec__.name)

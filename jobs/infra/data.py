@@ -44,7 +44,9 @@ from pydantic import (
 from rich.filesize import decimal as human_size
 
 from jobs.infra.args import add_settings_arguments
-from jobs.infra.config import CONF_DIR, ConfigError, load_settings, resolve_path
+from jobs.infra.config import ConfigError
+from jobs.infra.config_layers import load_settings
+from jobs.infra.config_paths import CONF_DIR, resolve_path
 
 CATALOGUE = CONF_DIR / "datasets.yaml"
 STAGING = ".staging"

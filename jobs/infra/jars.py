@@ -19,7 +19,8 @@ from pathlib import Path
 import pyspark
 
 from jobs.infra.args import add_settings_arguments
-from jobs.infra.config import load_settings, resolve_path
+from jobs.infra.config_layers import load_settings
+from jobs.infra.config_paths import resolve_path
 from jobs.infra.session import DELTA_PACKAGE, JarsMissing, delta_jars
 from udfs.home import home
 

@@ -26,7 +26,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from jobs.infra import tables
-from jobs.infra.config import Settings, resolve_path
+from jobs.infra.config import Settings
+from jobs.infra.config_paths import resolve_path
 from jobs.infra.session import session_confs
 from jobs.infra.stage import Job, Stage
 

@@ -37,7 +37,9 @@ from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeA
 from rich.filesize import decimal as human_size
 
 from jobs.infra.args import add_settings_arguments
-from jobs.infra.config import CONF_DIR, ConfigError, load_settings, resolve_path
+from jobs.infra.config import ConfigError
+from jobs.infra.config_layers import load_settings
+from jobs.infra.config_paths import CONF_DIR, resolve_path
 from jobs.infra.data import yaml_entries
 from udfs.model_paths import REGISTRY_RECORD
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from jobs.infra.config import SparkSettings, resolve_path
+from jobs.infra.config import SparkSettings
+from jobs.infra.config_paths import resolve_path
 from udfs.home import HOME_ENV, command, home
 
 # Maven Central serves delta-spark_4.2_2.13 only at 4.4.0 (4.4.1: 404, checked 2026-11-30), so the

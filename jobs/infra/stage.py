@@ -33,7 +33,9 @@ from pyspark.sql import SparkSession
 
 from jobs.infra import claim, lineage, tables
 from jobs.infra.args import add_settings_arguments, settings_arguments
-from jobs.infra.config import ConfigError, Settings, describe, load_settings_with_sources, source_of
+from jobs.infra.config import ConfigError, Settings
+from jobs.infra.config_describe import describe, source_of
+from jobs.infra.config_layers import load_settings_with_sources
 from jobs.infra.tracking import JobRun, job_run, skipped_run
 from udfs.model_paths import small_built
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jobs.infra.config import resolve_path
+from jobs.infra.config_paths import resolve_path
 from udfs.model_paths import MODELS
 
 # Byte-level BPE needs no unknown token: any text (emoji, Cyrillic, control characters) encodes.

@@ -33,7 +33,9 @@ from typing import Any
 
 import yaml
 
-from jobs.infra.config import PROJECT_ROOT, Settings, default_tracking_uri, flatten, resolve_path
+from jobs.infra.config import Settings
+from jobs.infra.config_describe import flatten
+from jobs.infra.config_paths import PROJECT_ROOT, default_tracking_uri, resolve_path
 
 log = logging.getLogger(__spec__.name)
 
@@ -445,7 +447,7 @@ def job_run(settings: Settings, job: str, local_id: str | None = None) -> Iterat
 
 def replay(path: str) -> str:
     data = json.loads(Path(path).read_text())
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
 
     settings = load_settings()
     uri = os.environ.get("MLFLOW_TRACKING_URI") or data["uri"]

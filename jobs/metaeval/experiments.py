@@ -31,7 +31,8 @@ from pyspark.sql import functions as F
 from scipy import stats
 
 from jobs.infra import tables
-from jobs.infra.config import Settings, load_settings
+from jobs.infra.config import Settings
+from jobs.infra.config_layers import load_settings
 from jobs.infra.stage import Job, Stage
 from jobs.infra.tracking import JobRun
 from jobs.metaeval import eb_challenge

@@ -25,7 +25,8 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs.infra import tables
-from jobs.infra.config import Settings, dataset_file
+from jobs.infra.config import Settings
+from jobs.infra.config_paths import dataset_file
 from jobs.infra.stage import Job, Stage
 from jobs.metaeval.settings import HumanLabelSettings
 from jobs.metaeval.step_labels import earliest_error, first_error_rows, label_row

@@ -31,7 +31,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from jobs.infra import tables
-from jobs.infra.config import Settings, resolve_path
+from jobs.infra.config import Settings
+from jobs.infra.config_paths import resolve_path
 from jobs.infra.progress import Progress
 from jobs.infra.stage import Job, Stage
 from jobs.metaeval import entailment_bank as EB

@@ -21,7 +21,8 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from jobs.infra import tables
-from jobs.infra.config import Settings, resolve_path
+from jobs.infra.config import Settings
+from jobs.infra.config_paths import resolve_path
 from jobs.infra.stage import Job, Stage
 from jobs.metaeval import processbench_items as P
 from jobs.metaeval.settings import ProcessBenchSettings

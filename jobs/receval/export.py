@@ -22,7 +22,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import MapType
 
 from jobs.infra import tables
-from jobs.infra.config import Settings, resolve_path
+from jobs.infra.config import Settings
+from jobs.infra.config_paths import resolve_path
 from jobs.infra.stage import Job, Stage
 from jobs.receval.settings import ExportSettings
 from schemas import chains as C

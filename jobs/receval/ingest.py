@@ -27,7 +27,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
 
 from jobs.infra import tables
-from jobs.infra.config import Settings, resolve_path
+from jobs.infra.config import Settings
+from jobs.infra.config_paths import resolve_path
 from jobs.infra.stage import Job, Stage, StageFailed
 from jobs.receval.ingest_presets import (
     METADATA_PREFIX,

@@ -13,7 +13,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from jobs.infra import tables
-from jobs.infra.config import Settings, random_models_note, resolve_path
+from jobs.infra.config import Settings
+from jobs.infra.config_describe import random_models_note
+from jobs.infra.config_paths import resolve_path
 from jobs.infra.tracking import JobRun, tracking_uri
 from jobs.receval import aggregate, curate
 from schemas import chain_scores as CS

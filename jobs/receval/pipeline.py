@@ -25,7 +25,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from jobs.infra import claim, lineage, maintain, tables
-from jobs.infra.config import Settings, resolve_path
+from jobs.infra.config import Settings
+from jobs.infra.config_paths import resolve_path
 from jobs.infra.maintain import RUN_METADATA
 from jobs.infra.progress import Progress, bar_wanted
 from jobs.infra.session import session_confs

@@ -401,7 +401,7 @@ def nights_png(quantiles: dict[str, list[tuple[str, list[float]]]]) -> bytes | N
 
 def save(settings: Settings, run_id: str, html_text: str) -> str:
     """The report next to the lake (`<lake>/_reports/`), readable without MLflow."""
-    from jobs.infra.config import resolve_path
+    from jobs.infra.config_paths import resolve_path
 
     folder = resolve_path(settings.paths.lake) / "_reports"
     folder.mkdir(parents=True, exist_ok=True)

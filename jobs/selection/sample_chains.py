@@ -36,7 +36,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.infra import tables
-from jobs.infra.config import RuntimeSettings, Settings, dataset_file, resolve_path
+from jobs.infra.config import RuntimeSettings, Settings
+from jobs.infra.config_paths import dataset_file, resolve_path
 from jobs.infra.stage import Job, Stage
 from jobs.selection.settings import SampleSettings
 from schemas import chains as C

@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from jobs.infra.config import Settings, resolve_path
+from jobs.infra.config import Settings
+from jobs.infra.config_paths import resolve_path
 from jobs.infra.progress import Progress
 from jobs.infra.stage import Job, Stage
 from jobs.training.settings import NLI_LABELS, NliSourceSettings, TrainNliSettings

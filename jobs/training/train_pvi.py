@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jobs.infra.config import Settings, resolve_path
+from jobs.infra.config import Settings
+from jobs.infra.config_paths import resolve_path
 from jobs.infra.progress import Progress
 from jobs.infra.stage import Job, Stage
 from jobs.training.settings import TrainPviSettings

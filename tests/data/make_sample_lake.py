@@ -54,7 +54,7 @@ def entailment_bank_rows(n: int = EB_TREES, kinds: tuple[str, ...] = EB_KINDS) -
     import sys
 
     sys.path.insert(0, str(HERE.parents[1]))
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
     from jobs.metaeval import entailment_bank as EB
     from jobs.metaeval import perturb
 

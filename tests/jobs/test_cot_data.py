@@ -10,7 +10,7 @@ from jinja2.exceptions import SecurityError
 
 from jobs.cot import data as D
 from jobs.cot.settings import CotSettings
-from jobs.infra.config import PROJECT_ROOT, resolve_path
+from jobs.infra.config_paths import PROJECT_ROOT, resolve_path
 from schemas import cot as S
 
 ROOT = resolve_path(CotSettings().data_root)

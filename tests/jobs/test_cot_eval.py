@@ -141,7 +141,7 @@ def _overrides(base, model: str, family: str) -> list[str]:
 @pytest.fixture(scope="module")
 def e2e(spark, tiny_models, tmp_path_factory):
     """All 27 BBH tasks, 11 MGSM languages, every P3 template and a custom JSONL, 1 example each, tiny T5."""
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
 
     overrides = _overrides(tmp_path_factory.mktemp("cot"), tiny_models["tiny-t5"], "seq2seq")
     started = time.time()
@@ -230,7 +230,7 @@ def test_cot_eval_metrics_match_predictions(e2e, spark):
 
 @pytest.mark.dataset("bbh", "mgsm", "p3_heldout")
 def test_cot_eval_rerun_is_idempotent(e2e, spark):
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
 
     settings, _, pred, _, overrides = e2e
     before = pred.count()

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from jobs.cot import evaluate as cot_eval
 from jobs.cot.settings import LENIENT_COT, OFFICIAL_COT, CotSettings
-from jobs.infra.config import load_settings
+from jobs.infra.config_layers import load_settings
 from schemas import cot as S
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import require_datasets
 
-from jobs.infra.config import Settings, resolve_path
+from jobs.infra.config import Settings
+from jobs.infra.config_paths import resolve_path
 from jobs.metaeval import entailment_bank as eb
 
 EB_TEST = resolve_path(Settings().perturb.eb_task1_test)

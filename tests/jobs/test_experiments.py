@@ -124,7 +124,7 @@ def test_run_ablation_perturbs_once_and_reads_each_variants_own_rows(spark, make
 
 
 def test_ablation_variants_are_valid_overrides_and_start_with_the_defaults():
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
 
     defaults = load_settings(environ={})
     for name, variants in E.ABLATIONS.items():

@@ -15,7 +15,8 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 from tolerance import EXACT_FRAME
 
-from jobs.infra.config import PROJECT_ROOT, Settings
+from jobs.infra.config import Settings
+from jobs.infra.config_paths import PROJECT_ROOT
 from jobs.metaeval import entailment_bank as eb
 from jobs.receval import ingest, nli_scores
 from jobs.receval import steps as J

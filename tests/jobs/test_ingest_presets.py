@@ -346,7 +346,7 @@ def test_lm_eval_samples_round_trip(spark, tmp_path: Path, tiny_models):
 
 
 def test_pipeline_fingerprints_the_batch_input_and_datasets_folders(tmp_path: Path):
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
     from jobs.receval.input_files import input_fingerprints
 
     out = _jsonl(tmp_path / "out.jsonl", BATCH_OUTPUT[:1])

@@ -19,7 +19,9 @@ from pyspark.sql.types import StructType
 from pyspark.testing import assertDataFrameEqual
 
 from jobs.infra import tables
-from jobs.infra.config import ConfigError, Settings, describe, load_settings, load_settings_with_sources
+from jobs.infra.config import ConfigError, Settings
+from jobs.infra.config_describe import describe
+from jobs.infra.config_layers import load_settings, load_settings_with_sources
 from jobs.receval import export, ingest, input_files, pipeline
 from jobs.receval.ingest import RowError, validate
 from jobs.receval.night_summary import StageReport

@@ -16,7 +16,7 @@ import pytest
 from conftest import copy_sample, sqlite_store
 from pipeline_fakes import Fakes
 
-from jobs.infra.config import load_settings
+from jobs.infra.config_layers import load_settings
 from jobs.infra.tracking import JobRun
 
 

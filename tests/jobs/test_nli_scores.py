@@ -15,7 +15,8 @@ from pyspark.testing import assertDataFrameEqual, assertSchemaEqual
 from tolerance import EXACT_ABS, EXACT_REL, exact, prob_approx
 
 from jobs.infra import tables
-from jobs.infra.config import PROJECT_ROOT, Settings, resolve_path
+from jobs.infra.config import Settings
+from jobs.infra.config_paths import PROJECT_ROOT, resolve_path
 from jobs.metaeval.settings import PerturbSettings
 from jobs.receval import nli_scores
 from schemas import quarantine as Q

@@ -30,7 +30,8 @@ from pyspark.sql import functions as F
 from test_pipeline import _new_chains_file
 
 from jobs.infra import claim, tables
-from jobs.infra.config import PROJECT_ROOT, load_settings
+from jobs.infra.config_layers import load_settings
+from jobs.infra.config_paths import PROJECT_ROOT
 from jobs.receval import pipeline
 from schemas import pipeline as P
 

@@ -6,7 +6,7 @@ import pytest
 from conftest import require_datasets
 
 from jobs.infra import tables
-from jobs.infra.config import resolve_path
+from jobs.infra.config_paths import resolve_path
 from jobs.metaeval import entailment_bank as EB
 from jobs.metaeval import perturb as P
 from jobs.metaeval.settings import PerturbSettings

@@ -112,7 +112,7 @@ def _clean_overrides(lake_input: Path, lake: Path, tmp: Path) -> list[tuple[str,
 
 
 def _clean_settings(lake_input: Path, lake: Path, tmp: Path, *extra: str):
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
 
     return load_settings(
         overrides=[f"{key}={value}" for key, value in _clean_overrides(lake_input, lake, tmp)] + list(extra),

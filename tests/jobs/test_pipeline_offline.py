@@ -22,7 +22,8 @@ from conftest import copy_sample, sqlite_store
 from test_pipeline import _assert_lakes_equal
 
 from jobs.infra import tables
-from jobs.infra.config import PROJECT_ROOT, load_settings
+from jobs.infra.config_layers import load_settings
+from jobs.infra.config_paths import PROJECT_ROOT
 from jobs.receval import night_summary, pipeline
 
 pytestmark = pytest.mark.slow

@@ -224,7 +224,7 @@ def test_run_writes_step_scores_and_quarantine(spark, make_settings):
 def real_scores(spark, tiny_models, tmp_path_factory) -> dict[tuple[str, int], object]:
     """One transform with the real tiny models over CHAIN and the long chains below (one Spark run: the model
     workers start once for both tests that read it)."""
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
 
     lake = tmp_path_factory.mktemp("pvi-real")
     settings = load_settings(overrides=[f"paths.lake={lake}", "runtime.device=cpu", "spark.master=local[2]",

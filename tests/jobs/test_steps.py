@@ -9,7 +9,8 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual, assertSchemaEqual
 from tolerance import EXACT_FRAME
 
-from jobs.infra.config import PROJECT_ROOT, Settings
+from jobs.infra.config import Settings
+from jobs.infra.config_paths import PROJECT_ROOT
 from jobs.metaeval import entailment_bank as eb
 from jobs.receval import steps as J
 from schemas import chains as C

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tolerance import loglik_approx
 
-from jobs.infra.config import PROJECT_ROOT, resolve_path
+from jobs.infra.config_paths import PROJECT_ROOT, resolve_path
 from jobs.training import train_pvi as T
 
 # The first 20 EB task_1 dev trees (tests/data/README.md): enough for the pair counts and a smoke training.

@@ -9,7 +9,7 @@ import pytest
 
 from jobs.cot import data as D
 from jobs.cot.settings import CotSettings
-from jobs.infra.config import resolve_path
+from jobs.infra.config_paths import resolve_path
 from udfs import cot_fewshot as FS
 
 HERE = Path(__file__).resolve().parents[1] / "data"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from conftest import load_script
 
-from jobs.infra.config import PROJECT_ROOT
+from jobs.infra.config_paths import PROJECT_ROOT
 
 pytest.importorskip("lm_eval")
 

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from jobs.cot.settings import CotSettings
-from jobs.infra.config import resolve_path
+from jobs.infra.config_paths import resolve_path
 from udfs import cot_text
 
 BBH = resolve_path(CotSettings().data_root) / "bbh" / "bbh"

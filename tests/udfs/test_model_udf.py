@@ -169,7 +169,7 @@ def test_model_cache_default_size_and_load_model_uses_it(lru, monkeypatch):
 
 
 def test_model_cache_size_is_configured():
-    from jobs.infra.config import load_settings
+    from jobs.infra.config_layers import load_settings
 
     assert load_settings().runtime.model_cache_size == runtime.DEFAULT_CACHE_SIZE
     assert load_settings(overrides=["runtime.model_cache_size=5"]).runtime.model_cache_size == 5

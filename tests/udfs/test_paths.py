@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.infra.config import ConfigError, load_settings
+from jobs.infra.config import ConfigError
+from jobs.infra.config_layers import load_settings
 from jobs.receval.ingest_presets import DEFAULT_MAPPING, PRESETS
 from jobs.receval.settings import IngestSettings
 from udfs.paths import PathError, PathSyntaxError, compile_source, parse

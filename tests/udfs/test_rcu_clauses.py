@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from jobs.infra.config import PROJECT_ROOT, Settings
+from jobs.infra.config import Settings
+from jobs.infra.config_paths import PROJECT_ROOT
 from udfs import rcu
 from udfs import rcu_clauses as RC
 
