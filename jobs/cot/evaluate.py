@@ -469,25 +469,6 @@ def compute_metrics(pred: pd.DataFrame, resamples: int = 1000, confidence: float
 
 
 # ---- reads and writes ------------------------------------------------------------------------------------
-def _upsert_null_safe(spark: SparkSession, df: DataFrame, path: str, schema: StructType, keys: Sequence[str]) -> None:
-    # `template` is a nullable key; tables.upsert's `=` would never match a null and insert duplicates.
-    table = tables.ensure(spark, path, schema)
-    have = set(table.toDF().columns)
-    missing = [f for f in schema.fields if f.name not in have]
-    if missing:  # a table written before a column existed (protocol_hash): add it, old rows read null
-        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
-        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
-        table = tables.ensure(spark, path, schema)
-    condition = tables.merge_condition(keys, null_safe=keys)
-    (
-        table.alias("t")
-        .merge(tables.conform(df, schema).alias("s"), condition)
-        .whenMatchedUpdateAll()
-        .whenNotMatchedInsertAll()
-        .execute()
-    )
-
-
 def metrics_frame(spark: SparkSession, metrics: pd.DataFrame, run_id: str | None) -> DataFrame:
     schema = StructType([f for f in S.METRICS_SCHEMA.fields if f.name not in (S.RUN_ID, S.COMPUTED_AT)])
     records = [
@@ -622,7 +603,8 @@ def run(
                         k_pred, k_failed = pred.count(), failed.count()
                         n_new, n_failed = n_new + k_pred, n_failed + k_failed
                         n_truncated += pred.where(F.col(S.TRUNCATED)).count()
-                        _upsert_null_safe(spark, pred, path, S.PREDICTIONS_SCHEMA, PRED_KEYS)
+                        # Nullable keys (template): `=` never matches a null, so a rerun would add those rows again.
+                        tables.upsert(spark, pred, path, S.PREDICTIONS_SCHEMA, PRED_KEYS, null_safe=PRED_KEYS)
                         if k_failed:
                             tables.append_quarantine(
                                 spark,

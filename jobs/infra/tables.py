@@ -245,10 +245,14 @@ def _inserted(merge) -> int:
     return int(merge.execute().first()["num_inserted_rows"])
 
 
-def upsert(spark: SparkSession, df: DataFrame, path: str, schema: StructType, keys: Sequence[str]) -> None:
-    """Insert new keys and replace rows of existing keys (used where a rerun recomputes a row)."""
+def upsert(
+    spark: SparkSession, df: DataFrame, path: str, schema: StructType, keys: Sequence[str],
+    null_safe: Sequence[str] = (),
+) -> None:
+    """Insert new keys and replace rows of existing keys (used where a rerun recomputes a row). Keys in
+    `null_safe` match with `<=>` (merge_condition): a nullable key's null rows are replaced, not added again."""
     table = ensure(spark, path, schema)
-    condition = merge_condition(keys)
+    condition = merge_condition(keys, null_safe)
     (
         table.alias("t")
         .merge(conform(df, schema).alias("s"), condition)
