@@ -92,6 +92,11 @@ def test_the_pipeline_plans_and_records_what_its_parts_declare(settings):
     from jobs.receval import curate, pipeline
 
     assert [p.name for p in pipeline.PARTS] == ["ingest", "steps", "scores", "aggregate", "curate"]
+    # The night's ingest is the ingest stage, keeping the fingerprints of the files it read besides.
+    ingest = STAGES["ingest"]
+    assert (pipeline.INGEST.doc, pipeline.INGEST.body) == (ingest.doc, ingest.body)
+    assert pipeline.INGEST.inputs(settings) == (*ingest.inputs(settings), "input_files")
+    assert pipeline.INGEST.outputs(settings) == (*ingest.outputs(settings), "input_files")
     assert [s.declared for s in pipeline.CHAIN_STAGES] == [STAGES["steps"], STAGES["scores"], STAGES["aggregate"]]
     # curate reads chains (its label agreement), and step_scores only with step thresholds.
     assert curate.STAGE.inputs(settings) == ("chain_scores", "chains")

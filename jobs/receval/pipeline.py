@@ -187,8 +187,11 @@ CHAIN_STAGES = [
     ),
     ChainStage(aggregate.STAGE, "step_scores", "chain_scores", _aggregate_stage, marked="chain_scores"),
 ]
-# The pipeline's ingest also keeps `input_files`, the fingerprints of the files it has read.
-INGEST = Stage("ingest", ingest.STAGE.doc, reads=("input_files",), writes=(*ingest.STAGE.writes, "input_files"))
+# The ingest stage as the night runs it: it also keeps `input_files`, the fingerprints of the files it has read
+# (pipeline._ingest; the standalone ingest job reads every file and keeps none).
+INGEST = replace(
+    ingest.STAGE, reads=(*ingest.STAGE.reads, "input_files"), writes=(*ingest.STAGE.writes, "input_files")
+)
 # The night's stages in order; each child run records the tables its stage declares.
 PARTS = (INGEST, *(s.declared for s in CHAIN_STAGES), curate.STAGE)
 
