@@ -4,13 +4,67 @@ jobs.infra.config (settings_model).
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from jobs.infra.config import ModelRef, Section
 from schemas import metrics as MR
+from udfs import selection as SEL
 from udfs.cot_text import AnswerRule
+
+
+class MethodSpec(Section):
+    """One row of the selection table: a method of the registry (udfs.selection.METHODS) with fixed `params`, and
+    the `grid` cross-validation tunes over (select.cv_folds): None takes the method's declared grid less the
+    parameters `params` fixes; {} tunes nothing."""
+
+    method: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    grid: dict[str, list[Any]] | None = None
+
+    @model_validator(mode="after")
+    def _known(self) -> MethodSpec:
+        grid = self.tuned_grid()
+        empty = [k for k, values in grid.items() if not values]
+        if empty:
+            raise ValueError(f"{self.method}: empty grid for {empty}")
+        SEL.check(self.method, {**self.params, **{k: v[0] for k, v in grid.items()}})
+        for k, values in grid.items():
+            for v in values:
+                SEL.check(self.method, {**self.params, k: v})
+        return self
+
+    def tuned_grid(self) -> dict[str, list[Any]]:
+        if self.grid is not None:
+            return dict(self.grid)
+        return {k: list(v) for k, v in SEL.METHODS[self.method].grid.items() if k not in self.params}
+
+
+def declared(method: str) -> dict[str, list[Any]]:
+    """The grid udfs.selection declares for `method`."""
+    return {k: list(v) for k, v in SEL.METHODS[method].grid.items()}
+
+
+def _default_methods() -> dict[str, MethodSpec]:
+    """Today's rows (self-consistency, the oracle) and the methods of issue 56, each on the "both" criterion."""
+    both = {"score": "both"}
+    return {
+        "self_consistency": MethodSpec(method=SEL.VOTE),
+        "oracle": MethodSpec(method=SEL.ORACLE),
+        # the arithmetic check alone: no parameter to tune
+        "vote_arith_checked": MethodSpec(method=SEL.FILTER_THEN_VOTE, grid={}),
+        # the arithmetic check and a score threshold (cross-validated over the method's declared grid, written out
+        # so that --print-config and the MLflow params show it)
+        "filter_then_vote": MethodSpec(method=SEL.FILTER_THEN_VOTE, params=both, grid=declared(SEL.FILTER_THEN_VOTE)),
+        "weighted_vote": MethodSpec(method=SEL.WEIGHTED_VOTE, params=both, grid=declared(SEL.WEIGHTED_VOTE)),
+        # a weight between correctness and informativeness, and the temperature, tuned together
+        "weighted_vote_mix": MethodSpec(method=SEL.WEIGHTED_VOTE,
+                                        params={"score": "correctness", "mix_with": "informativeness"},
+                                        grid={"weight": [0.0, 0.5, 1.0], "temperature": [0.1, 1.0]}),
+        "group_mean": MethodSpec(method=SEL.GROUP_SCORE, params={**both, "agg": "mean"}),
+        "group_max": MethodSpec(method=SEL.GROUP_SCORE, params={**both, "agg": "max"}),
+    }
 
 
 class SelectSettings(Section):
@@ -37,6 +91,20 @@ class SelectSettings(Section):
     bootstrap_resamples: int = Field(10_000, ge=100)
     confidence: float = Field(0.95, gt=0, lt=1)
     seed: int = 0
+    # Rows beside greedy and the criteria's argmax (issue 56): name -> a method of udfs.selection.METHODS with its
+    # parameters. A parameter with a grid is chosen by k-fold cross-validation over the questions (seeded by
+    # cv_seed); each fold is answered with the value chosen on the other folds and only held-out answers are
+    # reported (jobs/selection/cross_validation.py).
+    methods: dict[str, MethodSpec] = Field(default_factory=_default_methods)
+    cv_folds: int = Field(5, ge=2)
+    cv_seed: int = 0
+
+    @model_validator(mode="after")
+    def _distinct_rows(self) -> SelectSettings:
+        clash = sorted(set(self.methods) & {*self.criteria, "greedy"})
+        if clash:
+            raise ValueError(f"select.methods {clash} would share a table row with greedy or a criterion")
+        return self
 
 
 class SampleSettings(Section):

@@ -2,8 +2,11 @@ from __future__ import annotations
 
 import numpy as np
 from pyspark.sql import Row
+from pyspark.sql import functions as F
 from tolerance import exact
 
+from jobs.infra import tables
+from jobs.selection import cross_validation as CV
 from jobs.selection import select_chains as S
 from schemas import chain_scores as CS
 from schemas import chains as C
@@ -45,9 +48,13 @@ def _frames(spark, greedy=()):
     return spark.createDataFrame(chains, C.SCHEMA), spark.createDataFrame(scores, CS.SCHEMA)
 
 
+# The rows the stage had before issue 56; the default select.methods add more (test_select_stage_new_methods).
+TODAY = ("greedy", "correctness", "informativeness", "both", "self_consistency", "oracle")
+
+
 def test_picks_known_best_chain(spark, make_settings):
     chains, scores = _frames(spark)
-    got = S.picks(chains, scores, make_settings("select.config_hash=h"))
+    got = S.picks(chains, scores, make_settings("select.config_hash=h")).where(F.col(S.METHOD).isin(*TODAY))
     chosen = {(r[C.QUESTION_ID], r[S.METHOD]): (r[C.CHAIN_ID], r[S.CORRECT]) for r in got.collect()}
     assert chosen == {
         ("q1", "greedy"): ("q1-0", False), ("q1", "correctness"): ("q1-1", True),
@@ -88,7 +95,8 @@ def test_picks_sum_combination(spark, make_settings):
 def test_picks_real_greedy_decode_kept_apart(spark, make_settings):
     """A question's greedy decode is the greedy baseline and never a candidate; without one, the first sample."""
     chains, scores = _frames(spark, GREEDY_DECODES)
-    got = S.picks(chains, scores, make_settings("select.config_hash=h")).collect()
+    picked = S.picks(chains, scores, make_settings("select.config_hash=h")).where(F.col(S.METHOD).isin(*TODAY))
+    got = picked.collect()
     chosen = {(r[C.QUESTION_ID], r[S.METHOD]): (r[C.CHAIN_ID], r[S.CORRECT], r[S.BASIS]) for r in got}
     assert {q for q, _ in chosen} == {"q1", "q2", "q4"}  # q3 (one sample) stays out, greedy decode or not
     assert chosen[("q1", "greedy")] == ("q1-greedy", True, "greedy_decode")
@@ -103,9 +111,10 @@ def test_picks_real_greedy_decode_kept_apart(spark, make_settings):
         ("q1", "oracle"): "q1-1", ("q2", "oracle"): "q2-0", ("q4", "oracle"): "q4-0",
     }
     assert {key[0]: v[2] for key, v in chosen.items() if key[1] != "greedy"} == {"q1": None, "q2": None, "q4": None}
-    acc = {r[S.METHOD]: r["accuracy"] for r in S.accuracy(spark.createDataFrame(got)).collect()}
+    frame = spark.createDataFrame(got, picked.schema)  # today's rows: setting and fold all null, nothing to infer
+    acc = {r[S.METHOD]: r["accuracy"] for r in S.accuracy(frame).collect()}
     assert acc["greedy"] == exact(2 / 3)  # q1 right, q2 right (first sample), q4 wrong
-    bases = S.greedy_bases(spark.createDataFrame(got))
+    bases = S.greedy_bases(frame)
     assert bases == {"toy": {"greedy_decode": 2, "first_sample": 1}}
     rows = [{C.DATASET: "toy", S.METHOD: "greedy", "n_questions": 3, "accuracy": 2 / 3, S.DECODE: 2, S.FIRST: 1}]
     assert "| toy | greedy (2 greedy decodes, 1 first samples) | 3 | 66.7 % |" in S.report(rows)
@@ -142,3 +151,84 @@ def test_report_shows_the_difference_against_greedy():
     assert "| toy | greedy | 3 | 66.7 % |  |" in text
     assert "| toy | oracle | 3 | 100.0 % | +33.3 [+0.0, +100.0] |" in text
     assert "| toy | both | 1 | 100.0 % | +100.0 (no CI: < 2 questions) |" in text
+
+
+# Two questions, four samples and a greedy decode each: (question, sample, answer, intra_entail_min, arith_errors_total).
+# With select.combine=sum and correctness = [intra_entail_min], a chain's correctness is its intra_entail_min.
+TWO = [
+    ("q1", 0, "12", 0.1, 1), ("q1", 1, "12", 0.2, 1), ("q1", 2, "15", 0.9, 0), ("q1", 3, "12", 0.3, 0),
+    ("q1", "greedy", "12", 0.5, 0),
+    ("q2", 0, "5", 0.1, 1), ("q2", 1, "5", 0.2, 2), ("q2", 2, "8", 0.8, 0), ("q2", 3, "5", 0.3, 1),
+    ("q2", "greedy", "5", 0.5, 0),
+]
+GOLD = {"q1": "12", "q2": "8"}
+TWO_SETTINGS = (
+    "select.combine=sum", "select.correctness=[intra_entail_min]", "select.informativeness=[info_gain_min]",
+    "select.criteria=[correctness]", "select.cv_folds=2",
+    "select.methods={self_consistency: {method: vote}, vote_arith_checked: {method: filter_then_vote, grid: {}}, "
+    "weighted_vote: {method: weighted_vote, params: {score: correctness}, grid: {temperature: [0.01, 100.0]}}, "
+    "group_max: {method: group_score, params: {score: correctness, agg: max}}, oracle: {method: oracle}}",
+)
+
+
+def _two_questions(spark, config_hash):
+    chains, scores = [], []
+    for q, k, answer, entail, errors in TWO:
+        cid = f"{q}-{k}"
+        meta = {"greedy": "true"} if k == "greedy" else {"sample_idx": str(k), "greedy": "false"}
+        chains.append(Row(**{f.name: None for f in C.SCHEMA.fields} | {
+            C.CHAIN_ID: cid, C.DATASET: "toy", C.QUESTION_ID: q, C.CONTEXT: "x", C.STEPS: ["s."], C.ANSWER: answer,
+            C.GOLD_ANSWER: GOLD[q], C.METADATA: meta, C.CONTENT_HASH: cid}))
+        scores.append(Row(**{f.name: None for f in CS.SCHEMA.fields} | {
+            CS.CHAIN_ID: cid, CS.CONFIG_HASH: config_hash, CS.N_STEPS: 1, CS.min_col("intra_entail"): entail,
+            CS.min_col("info_gain"): 0.0, CS.total_col("arith_errors"): errors}))
+    return spark.createDataFrame(chains, C.SCHEMA), spark.createDataFrame(scores, CS.SCHEMA)
+
+
+def test_select_stage_new_methods(spark, make_settings):
+    """The stage on a lake of two questions: each method's choice, and the temperature cross-validated."""
+    settings = make_settings("select.config_hash=h", *TWO_SETTINGS)
+    chains, scores = _two_questions(spark, "h")
+    chains.write.format("delta").save(settings.table("chains"))
+    scores.write.format("delta").save(settings.table("chain_scores"))
+    with tables.Held() as hold:
+        picked, _ = S.choices(chains, scores, settings, hold)
+        chosen = {(r[C.QUESTION_ID], r[S.METHOD]): (r[C.CHAIN_ID], r[S.CORRECT], r[S.SETTING], r[S.FOLD])
+                  for r in picked.collect()}  # fmt: skip
+    fold = CV.folds_of(["q1", "q2"], 2, seed=0)
+    cold, hot = '{"temperature": 0.01}', '{"temperature": 100.0}'
+    assert chosen == {
+        # q1 (gold 12): samples 12 (0.1, 1 error), 12 (0.2, 1 error), 15 (0.9), 12 (0.3); greedy 12.
+        ("q1", "greedy"): ("q1-greedy", True, None, None),
+        ("q1", "correctness"): ("q1-2", False, None, None),  # the argmax, 0.9
+        ("q1", "self_consistency"): ("q1-0", True, None, None),  # 12 three times: its earliest
+        ("q1", "vote_arith_checked"): ("q1-2", False, None, None),  # 15 (s2) and 12 (s3) left, 1-1: the earlier
+        ("q1", "group_max"): ("q1-2", False, None, None),  # max 0.9 (15) against 0.3 (12)
+        ("q1", "oracle"): ("q1-0", True, None, None),
+        # q2 (gold 8): samples 5 (0.1, 1 error), 5 (0.2, 2 errors), 8 (0.8), 5 (0.3, 1 error); greedy 5.
+        ("q2", "greedy"): ("q2-greedy", False, None, None),
+        ("q2", "correctness"): ("q2-2", True, None, None),
+        ("q2", "self_consistency"): ("q2-0", False, None, None),
+        ("q2", "vote_arith_checked"): ("q2-2", True, None, None),  # only 8 has no arithmetic error
+        ("q2", "group_max"): ("q2-2", True, None, None),
+        ("q2", "oracle"): ("q2-2", True, None, None),
+        # Temperature 0.01 follows the best chain (right on q2 only), 100 the vote (right on q1 only). Each question
+        # is its own fold, answered with the temperature right on the *other* one: wrong on both. A choice made on
+        # the reported questions would have scored 50 % (one temperature) or 100 % (each its best).
+        ("q1", "weighted_vote"): ("q1-2", False, cold, fold["q1"]),  # 15's best chain
+        ("q2", "weighted_vote"): ("q2-3", False, hot, fold["q2"]),  # 5's best chain (0.3)
+    }
+    rows = {r[S.METHOD]: r for r in S.run(spark, settings)}
+    assert {m: r["accuracy"] for m, r in rows.items()} == {
+        "greedy": 0.5, "correctness": 0.5, "self_consistency": 0.5, "vote_arith_checked": 0.5, "group_max": 0.5,
+        "oracle": 1.0, "weighted_vote": 0.0}  # fmt: skip
+    folds = sorted(rows["weighted_vote"][S.FOLDS], key=lambda f: f["fold"])
+    assert folds == sorted([{"fold": fold["q1"], "questions": 1, "setting": cold, "train_accuracy": 1.0,
+                             "heldout_accuracy": 0.0},
+                            {"fold": fold["q2"], "questions": 1, "setting": hot, "train_accuracy": 1.0,
+                             "heldout_accuracy": 0.0}], key=lambda f: f["fold"])  # fmt: skip
+    assert all(S.FOLDS not in r for m, r in rows.items() if m != "weighted_vote")
+    text = S.report(list(rows.values()))
+    assert "| toy | weighted_vote (held out, 2 folds) | 2 | 0.0 % |" in text
+    assert f"| toy | weighted_vote | {fold['q1']} | 1 | `{cold}` | 100.0 % | 0.0 % |" in text
+
