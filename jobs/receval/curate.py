@@ -4,6 +4,8 @@ With `curation.step_thresholds` (per-metric thresholds, e.g. calibrated by `pyth
 `step_scores` too: every decision carries the chain's first flagged step and the metric that flagged it, the
 form process-reward data is curated in. `curation.reject_arith_errors` rejects every chain with an equation that
 does not hold (rule `max:arith_errors_total<=0`) and flags its first such step (metric arith_valid).
+`curation.select_method` keeps per question only what a selection method chooses among its sampled chains (rule
+`select:<method>:<keep>`, jobs.selection.select_chains.selected_chains): a sampled lake into a training set.
 
 Decisions are written to `curation` in one MERGE first and copied to `curated`/`rejected` from there, so a
 run killed between the two copies finishes from the stored decisions: quantile bounds computed "over the
@@ -28,6 +30,7 @@ from jobs.infra.config import Settings
 from jobs.infra.stage import Job, Stage
 from jobs.infra.tracking import JobRun
 from jobs.receval.settings import CurationSettings
+from jobs.selection.select_chains import SELECTED, selected_chains
 from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import curation as CU
@@ -51,13 +54,13 @@ class Rule:
     """One curation rule; `id` is what `rejected.failed_rules` lists."""
 
     id: str
-    kind: str  # threshold | quantile | api_k | max_steps | max
+    kind: str  # threshold | quantile | api_k | max_steps | max | selected
     column: str
     bound: float | None  # the resolved lower (or, for max_steps and max, upper) bound
 
     def passes(self) -> Column:
         value = F.col(self.column)
-        if self.kind == "api_k":
+        if self.kind in ("api_k", "selected"):
             ok = value == F.lit(True)
         elif self.kind in ("max_steps", "max"):
             ok = value <= F.lit(self.bound)
@@ -115,7 +118,17 @@ def rules(cfg: CurationSettings, bounds: dict[str, float | None] | None = None) 
     if cfg.reject_arith_errors:
         column = CS.total_col(MR.ARITH_ERRORS)
         out.append(Rule(f"max:{column}<=0", "max", column, 0.0))
+    if cfg.select_method is not None:
+        out.append(Rule(f"select:{cfg.select_method}:{cfg.select_keep}", "selected", SELECTED, None))
     return out
+
+
+def with_selection(chain_scores: DataFrame, selected: DataFrame | None) -> DataFrame:
+    """chain_scores with the selection rule's column (`selected_chains`; null, which fails, for a chain that is no
+    candidate). Without `selected`, unchanged."""
+    if selected is None:
+        return chain_scores
+    return chain_scores.join(selected, CU.CHAIN_ID, "left")
 
 
 def step_flags(step_scores: DataFrame, thresholds: dict[str, float]) -> DataFrame:
@@ -169,12 +182,14 @@ def transform(
     bounds: dict[str, float | None] | None = None,
     run_id: str | None = None,
     step_scores: DataFrame | None = None,
+    selected: DataFrame | None = None,
 ) -> tuple[DataFrame, DataFrame]:
     """chain_scores -> (curated rows, rejected rows). Quantile bounds come resolved (see `quantile_bounds`);
-    `step_scores` (same config hash) give the first flagged steps when `cfg.flag_thresholds()` has any."""
+    `step_scores` (same config hash) give the first flagged steps when `cfg.flag_thresholds()` has any;
+    `selected` (`selected_chains`) the selection rule's verdicts when `cfg.select_method` is set."""
     thresholds = cfg.flag_thresholds()
     flags = step_flags(step_scores, thresholds) if thresholds and step_scores is not None else None
-    decisions = decide(chain_scores, rules(cfg, bounds), cfg.rules_hash(), run_id, flags)
+    decisions = decide(with_selection(chain_scores, selected), rules(cfg, bounds), cfg.rules_hash(), run_id, flags)
     return split(decisions)
 
 
@@ -300,7 +315,11 @@ def run(spark: SparkSession, settings: Settings, run_id: str | None = None) -> C
         .select(CU.CHAIN_ID)
     )
     with tables.Held() as hold:
-        batch = hold(scores.join(decided, CU.CHAIN_ID, "left_anti"))
+        batch = scores.join(decided, CU.CHAIN_ID, "left_anti")
+        if cfg.select_method is not None:  # chosen among every chain of the question, decided before or not
+            chains = tables.read(spark, settings.table("chains"), C.SCHEMA)
+            batch = with_selection(batch, selected_chains(chains, scores, settings))
+        batch = hold(batch)
         n_batch = batch.count()
         bounds = quantile_bounds(_reference(spark, settings, batch), cfg) if n_batch else {
             k: None for k in cfg.quantiles

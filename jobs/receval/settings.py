@@ -24,6 +24,7 @@ from jobs.receval.ingest_presets import (
     Preset,
     effective_mapping,
 )
+from udfs import selection as SEL
 from udfs.paths import PathSyntaxError, compile_source
 
 
@@ -247,6 +248,23 @@ class CurationSettings(Section):
     # first_flagged_step / first_flagged_metric name the first step with a wrong equation (unless step_thresholds
     # sets arith_valid itself). Off: neither, and the rules hash of the rules before it.
     reject_arith_errors: bool = False
+    # A sampled lake into a training set in one setting (issue 56): per question, keep what a selection method
+    # (udfs.selection.METHODS, with `select_params`; e.g. vote, filter_then_vote, oracle) chooses among its sampled
+    # chains (the select stage's candidates, its select.criteria scores): `chosen`, the one chain, or
+    # `chosen_answer`, every chain of the chosen answer. Every other chain fails the rule `select:<method>:<keep>`,
+    # greedy decodes and chains of questions with fewer than two samples included. None: no such rule, and the
+    # rules hash of the rules before it.
+    select_method: str | None = None
+    select_params: dict[str, Any] = Field(default_factory=dict)
+    select_keep: Literal["chosen", "chosen_answer"] = "chosen"
+
+    @model_validator(mode="after")
+    def _known_method(self) -> CurationSettings:
+        if self.select_method is not None:
+            SEL.check(self.select_method, self.select_params)
+        elif self.select_params:
+            raise ValueError(f"select_params {self.select_params} without a select_method")
+        return self
 
     @field_validator("quantiles")
     @classmethod
@@ -269,6 +287,9 @@ class CurationSettings(Section):
             del keyed["step_thresholds"]  # chains decided before the setting existed keep their rules hash
         if not keyed["reject_arith_errors"]:
             del keyed["reject_arith_errors"]  # likewise
+        if keyed["select_method"] is None:
+            for key in ("select_method", "select_params", "select_keep"):
+                del keyed[key]  # likewise
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 
 

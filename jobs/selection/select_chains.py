@@ -248,6 +248,34 @@ def picks(chains: DataFrame, chain_scores: DataFrame, settings: Settings, hold: 
     return choices(chains, chain_scores, settings, hold)[0]
 
 
+SELECTED = "_selected"  # curation: the chain is kept by the selection rule
+
+
+def selected_chains(chains: DataFrame, chain_scores: DataFrame, settings: Settings) -> DataFrame:
+    """(chain_id, _selected) for every candidate chain (the select stage's: sampled chains of questions with two or
+    more, scored under the scoring hash; every dataset): per question, `curation.select_method` keeps the chain it
+    chooses (`select_keep` chosen) or every chain of the chosen answer (chosen_answer), true; the others false.
+    A chain that is no candidate has no row. The criteria come from the select section (combine, columns)."""
+    cur = settings.curation
+    if cur.select_method is None:
+        raise ValueError("curation.select_method is not set")
+    method, params, keep = cur.select_method, dict(cur.select_params), cur.select_keep
+    cfg = settings.select.model_copy(update={"datasets": None})
+    decoded = F.coalesce(F.lower(F.col(C.METADATA)[cfg.greedy_flag]) == "true", F.lit(False))
+    cand = scored_candidates(chains.where(~decoded), chain_scores, cfg, settings.scoring_hash())
+
+    def apply(pdf: pd.DataFrame) -> pd.DataFrame:
+        candidates = candidates_of(pdf)
+        kept = set(SEL.chosen_answer(method, candidates, params) if keep == "chosen_answer"
+                   else [SEL.choose(method, candidates, params)])  # fmt: skip
+        return pd.DataFrame({C.CHAIN_ID: [c.chain_id for c in candidates],
+                             SELECTED: [c.chain_id in kept for c in candidates]})  # fmt: skip
+
+    columns = [C.DATASET, C.QUESTION_ID, C.CHAIN_ID, ORDER, NORM, *SEL.SCORES, ARITH, RIGHT]
+    out = StructType([StructField(C.CHAIN_ID, StringType()), StructField(SELECTED, BooleanType())])
+    return cand.select(*columns).groupBy(C.DATASET, C.QUESTION_ID).applyInPandas(apply, out)
+
+
 def accuracy(chosen: DataFrame) -> DataFrame:
     return chosen.groupBy(C.DATASET, METHOD).agg(
         F.count(F.lit(1)).alias("n_questions"), F.avg(F.col(CORRECT).cast("double")).alias("accuracy")

@@ -6,10 +6,12 @@ from pyspark.sql import functions as F
 from tolerance import exact
 
 from jobs.infra import tables
+from jobs.receval import curate
 from jobs.selection import cross_validation as CV
 from jobs.selection import select_chains as S
 from schemas import chain_scores as CS
 from schemas import chains as C
+from schemas import curation as CU
 
 # (question, sample, answer, gold, intra_entail_min, inter_min, info_gain_min)
 SAMPLES = [
@@ -232,3 +234,23 @@ def test_select_stage_new_methods(spark, make_settings):
     assert "| toy | weighted_vote (held out, 2 folds) | 2 | 0.0 % |" in text
     assert f"| toy | weighted_vote | {fold['q1']} | 1 | `{cold}` | 100.0 % | 0.0 % |" in text
 
+
+def test_selection_as_a_curation_rule(spark, make_settings):
+    """curation.select_method keeps per question the chosen chain, or every chain of the chosen answer."""
+    settings = make_settings(*TWO_SETTINGS, "curation.select_method=vote", "curation.select_keep=chosen_answer")
+    chains, scores = _two_questions(spark, settings.scoring_hash())
+    selected = S.selected_chains(chains, scores, settings)
+    curated, rejected = curate.transform(scores, settings.curation, selected=selected)
+    rule = "select:vote:chosen_answer"
+    # The vote's answer, every chain of it: 12 on q1 (s0, s1, s3), 5 on q2 (s0, s1, s3, though 8 is right). The
+    # rest fail the rule, the greedy decodes too (never candidates).
+    assert sorted(r[CU.CHAIN_ID] for r in curated.collect()) == ["q1-0", "q1-1", "q1-3", "q2-0", "q2-1", "q2-3"]
+    assert {r[CU.CHAIN_ID]: r[CU.FAILED_RULES] for r in rejected.collect()} == {
+        "q1-2": [rule], "q1-greedy": [rule], "q2-2": [rule], "q2-greedy": [rule]}
+    # filter_then_vote keeping the chosen chain: q1's survivors 15 (s2) and 12 (s3) tie, the earlier s2; q2's only
+    # survivor is 8 (s2).
+    chosen = make_settings(*TWO_SETTINGS, "curation.select_method=filter_then_vote")
+    assert chosen.scoring_hash() == settings.scoring_hash()  # curation settings score nothing: the same scores
+    kept = S.selected_chains(chains, scores, chosen).where(F.col(S.SELECTED)).collect()
+    assert {r[C.CHAIN_ID] for r in kept} == {"q1-2", "q2-2"}
+    assert settings.curation.rules_hash() != make_settings(*TWO_SETTINGS).curation.rules_hash()

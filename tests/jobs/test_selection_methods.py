@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from jobs.receval.settings import CurationSettings
 from jobs.selection import cross_validation as CV
 from jobs.selection.settings import MethodSpec, SelectSettings
 from udfs import selection as SEL
@@ -239,3 +240,15 @@ def test_cross_validation_needs_two_questions():
     with pytest.raises(ValueError, match="at least 2 questions"):
         CV.cross_validate({"q0": {"a": True}}, ["a"], k=5, seed=0)
 
+
+def test_curation_rule_is_off_by_default_and_hashed_when_on():
+    # Off: the rules hash of the rules before it (tests/jobs/test_curate.py pins that hash), whatever select_keep.
+    assert CurationSettings().rules_hash() == CurationSettings(select_keep="chosen_answer").rules_hash()
+    on = CurationSettings(select_method=SEL.FILTER_THEN_VOTE, select_params={"threshold": 0.5})
+    assert len({CurationSettings().rules_hash(), on.rules_hash(),
+                on.model_copy(update={"select_keep": "chosen_answer"}).rules_hash(),
+                on.model_copy(update={"select_params": {"threshold": 0.25}}).rules_hash()}) == 4
+    with pytest.raises(ValueError, match="unknown selection method"):
+        CurationSettings(select_method="best_of")
+    with pytest.raises(ValueError, match="without a select_method"):
+        CurationSettings(select_params={"threshold": 0.5})
