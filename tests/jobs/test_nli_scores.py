@@ -287,7 +287,8 @@ def test_transform_nli_model_invariant_to_batch_size_and_partitions(spark, make_
     before = spark.conf.get("spark.sql.shuffle.partitions")
     results = {}
     try:
-        for batch, parts in [(1, 1), (7, 3), (64, 1), (64, 3)]:
+        # One row a batch; an odd batch over three partitions; the whole input at once (the base).
+        for batch, parts in [(1, 1), (7, 3), (64, 1)]:
             spark.conf.set("spark.sql.shuffle.partitions", str(parts))
             settings = make_settings(f"models.nli.path={path}", f"nli.batch_size={batch}", "nli.max_length=48")
             out = nli_scores.transform(steps.repartition(parts), contexts.repartition(parts), settings.nli,

@@ -43,9 +43,12 @@ def _settings(make_settings, *extra):
     return make_settings("runtime.batch_size=2", "runtime.on_row_error=fail", *extra)
 
 
-VARIANTS = [("runtime.dedup=false",), ("runtime.sort_by_length=false",),
-            ("runtime.dedup=false", "runtime.sort_by_length=false")]
-PVI_VARIANTS = [*VARIANTS, ("runtime.share_prefix=false",)]
+# Each optimisation off on its own runs in the default set; all of them off together (`neither`) in the slow
+# set: it checks that they do not interact, and costs as much again (docs/TESTING.md).
+NEITHER = pytest.param(("runtime.dedup=false", "runtime.sort_by_length=false"), id="neither", marks=pytest.mark.slow)
+VARIANTS = [pytest.param(("runtime.dedup=false",), id="no-dedup"),
+            pytest.param(("runtime.sort_by_length=false",), id="no-sort"), NEITHER]
+PVI_VARIANTS = [*VARIANTS, pytest.param(("runtime.share_prefix=false",), id="no-share")]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +66,7 @@ def _complete(rows: list, *cols: str) -> int:
     return sum(all(r[c] is not None for c in cols) for r in rows)
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=["no-dedup", "no-sort", "neither"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_nli_scores_identical_without_each_optimisation(spark, make_settings, tiny_models, optimised, variant):
     steps, contexts = _frames(spark)
     base = _settings(make_settings)
@@ -87,7 +90,7 @@ def _sent(spark, steps, contexts, settings) -> int:
     return sent.value
 
 
-@pytest.mark.parametrize("variant", PVI_VARIANTS, ids=["no-dedup", "no-sort", "neither", "no-share"])
+@pytest.mark.parametrize("variant", PVI_VARIANTS)
 def test_pvi_scores_identical_without_each_optimisation(spark, make_settings, tiny_models, optimised, variant):
     steps, contexts = _frames(spark)
     want = optimised["pvi"]
