@@ -3,7 +3,7 @@
 The same N chains both ways (the flat rows hold what the preset reads out of the samples lines: id, task,
 question, prompt, chain, answer, gold, the preset's metadata), one process, one Spark session (local[2]):
 a warm-up ingest each way, then rounds alternating the order. Reports JSON parsing alone and the validator
-alone (plain Python, `ingest.validate_series` over all rows; CPU seconds) and `ingest.run` end to end (read, validate, write `chains`), and
+alone (plain Python, `ingest_rows.validate_series` over all rows; CPU seconds) and `ingest.run` end to end (read, validate, write `chains`), and
 appends a section to bench/RESULTS.md.
 
     PYTHONPATH=$PWD .venv/bin/python bench/ingest_preset_bench.py            # 10,000 rows, 2 rounds
@@ -62,7 +62,7 @@ def main() -> None:
 
     from jobs.infra.config_layers import load_settings
     from jobs.infra.session import build_session
-    from jobs.receval import ingest
+    from jobs.receval import ingest, ingest_readers, ingest_rows
 
     work = Path(tempfile.mkdtemp(prefix="ingest_bench_"))
     samples, flat = rows(args.rows)
@@ -83,9 +83,9 @@ def main() -> None:
 
     # the validator alone: the same chains out both ways (the preset's ids and metadata included)
     cfg_preset, cfg_plain = settings("preset", work / "x").ingest, settings("plain", work / "x").ingest
-    ctx = json.dumps({"_file": ingest.lm_eval_file(str(folder / f"samples_{TASK}_{RUN}.jsonl"))})
-    a = ingest.validate_series(pd.Series(samples[:200]), cfg_preset, ctx=pd.Series([ctx] * 200))
-    b = ingest.validate_series(pd.Series(flat[:200]), cfg_plain)
+    ctx = json.dumps({"_file": ingest_readers.lm_eval_file(str(folder / f"samples_{TASK}_{RUN}.jsonl"))})
+    a = ingest_rows.validate_series(pd.Series(samples[:200]), cfg_preset, ctx=pd.Series([ctx] * 200))
+    b = ingest_rows.validate_series(pd.Series(flat[:200]), cfg_plain)
     assert [v[0]["record"] for v in a] == [v[0]["record"] for v in b], "the two inputs do not give the same chains"
     # CPU seconds of this process (the machine is shared: wall time of a 1 s loop is mostly other jobs' noise)
     validator: dict[str, list[float]] = {"preset": [], "plain": []}
@@ -94,9 +94,9 @@ def main() -> None:
         for kind in (("preset", "plain") if r % 2 else ("plain", "preset")):
             start = time.process_time()
             if kind == "preset":
-                ingest.validate_series(pd.Series(samples), cfg_preset, ctx=pd.Series([ctx] * len(samples)))
+                ingest_rows.validate_series(pd.Series(samples), cfg_preset, ctx=pd.Series([ctx] * len(samples)))
             else:
-                ingest.validate_series(pd.Series(flat), cfg_plain)
+                ingest_rows.validate_series(pd.Series(flat), cfg_plain)
             took = time.process_time() - start
             start = time.process_time()
             for text in samples if kind == "preset" else flat:

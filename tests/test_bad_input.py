@@ -14,7 +14,7 @@ from conftest import folder_settings, load_script
 from pyspark.sql import functions as F
 
 from jobs.infra.config import Settings
-from jobs.receval import ingest
+from jobs.receval import ingest, ingest_readers, ingest_rows
 from schemas import chains as C
 from schemas import quarantine as Q
 
@@ -71,7 +71,7 @@ class FirstIngest:
 @pytest.fixture(scope="module")
 def first_ingest(spark, corpus, tmp_path_factory) -> FirstIngest:
     settings = folder_settings(tmp_path_factory.mktemp("bad_input_run"), f"ingest.input={corpus}")
-    raw = ingest.read_raw(spark, settings.ingest)
+    raw = ingest_readers.read_raw(spark, settings.ingest)
     read_per_file = Counter({Path(r["source"]).name: r["count"] for r in raw.groupBy("source").count().collect()})
     counts = ingest.run(spark, settings, run_id="bad-input")
     return FirstIngest(settings, counts, read_per_file)
@@ -132,20 +132,20 @@ def test_ingest_run_bad_input_rerun_adds_nothing(spark, first_ingest, make_setti
 def test_validate_series_poisoned_row_quarantined_or_fails_per_config(monkeypatch):
     cfg = corpus_module_settings().ingest
     rows = pd.Series([json.dumps(corpus_module.row(f"c{i}")) for i in range(3)])
-    real = ingest.validate_chains
+    real = ingest_rows.validate_chains
 
     def poisoned(raw, cfg, *rest):
         if '"c1"' in raw:
             raise ZeroDivisionError("poisoned row")
         return real(raw, cfg, *rest)
 
-    monkeypatch.setattr(ingest, "validate_chains", poisoned)
-    out = pd.DataFrame([verdicts[0] for verdicts in ingest.validate_series(rows, cfg, "quarantine")])
+    monkeypatch.setattr(ingest_rows, "validate_chains", poisoned)
+    out = pd.DataFrame([verdicts[0] for verdicts in ingest_rows.validate_series(rows, cfg, "quarantine")])
     assert out["error"].tolist() == [None, "validator_error", None]
     assert out["detail"][1] == "ZeroDivisionError: poisoned row"
     assert out["chain_id"].tolist() == ["c0", None, "c2"]
     with pytest.raises(ZeroDivisionError):
-        ingest.validate_series(rows, cfg, "fail")
+        ingest_rows.validate_series(rows, cfg, "fail")
 
 
 def corpus_module_settings():

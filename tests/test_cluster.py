@@ -33,7 +33,7 @@ from test_package import build_wheel
 from tolerance import EXACT_FRAME
 
 from jobs.infra.config_layers import load_settings
-from jobs.receval import ingest, pipeline
+from jobs.receval import ingest, ingest_readers, pipeline
 from udfs.model_paths import small_built
 
 BAD_INPUT = PROJECT_ROOT / "tests" / "data" / "bad_input" / "files"
@@ -146,7 +146,7 @@ def test_submit_local_one_core_equals_local_two_cores(spark, nightly_input, refe
 @pytest.mark.parametrize("partitions", [3, 7])
 def test_ingest_transform_invariant_to_partitions(spark, nightly_input, partitions):
     settings = load_settings(overrides=[f"ingest.input={nightly_input}"], environ={})
-    raw = ingest.read_raw(spark, settings.ingest)
+    raw = ingest_readers.read_raw(spark, settings.ingest)
     base_chains, base_rejected = ingest.transform(raw.coalesce(1), settings.ingest)
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     try:

@@ -173,8 +173,8 @@ def test_load_settings_accepts_lake_folder(tmp_path):
 
 
 def test_ingest_read_raw_missing_input_names_the_setting(spark, make_settings, tmp_path):
-    from jobs.receval import ingest
+    from jobs.receval import ingest_readers
     settings = make_settings(f"ingest.input={tmp_path}/nothing_here/*.jsonl")
     with pytest.raises(FileNotFoundError, match=r"ingest\.input.*nothing_here"):
-        ingest.read_raw(spark, settings.ingest)
+        ingest_readers.read_raw(spark, settings.ingest)
     assert not Path(settings.table("chains")).exists()

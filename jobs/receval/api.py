@@ -38,7 +38,7 @@ from pyspark.sql import functions as F
 from jobs.infra import claim, tables
 from jobs.infra.config import Settings
 from jobs.infra.stage import claim_tags, settings_of, take_claim, with_built_models
-from jobs.receval import ingest, pipeline, score
+from jobs.receval import ingest, ingest_readers, pipeline, score
 
 Overrides = Sequence[str] | Mapping[str, Any]
 
@@ -105,11 +105,11 @@ def raw_rows(chains: DataFrame, json_column: str | None = None, source: str = "d
     else:
         text = F.to_json(F.struct(*[F.col(f"`{c}`") for c in chains.columns]))
     return chains.select(
-        F.make_valid_utf8(text).alias(ingest.RAW),
-        F.is_valid_utf8(text).alias(ingest.VALID_UTF8),
+        F.make_valid_utf8(text).alias(ingest_readers.RAW),
+        F.is_valid_utf8(text).alias(ingest_readers.VALID_UTF8),
         F.lit(source).alias("source"),
-        F.lit(None).cast("string").alias(ingest.CTX),
-    ).where(F.trim(F.col(ingest.RAW)) != "")
+        F.lit(None).cast("string").alias(ingest_readers.CTX),
+    ).where(F.trim(F.col(ingest_readers.RAW)) != "")
 
 
 def score_chains(

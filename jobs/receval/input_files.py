@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from jobs.infra import tables
 from jobs.infra.config import Settings
 from jobs.infra.lineage import file_fingerprint
-from jobs.receval import ingest
+from jobs.receval import ingest_readers
 from schemas import pipeline as P
 
 Fingerprint = tuple[str, int, int, str]
@@ -33,9 +33,9 @@ def input_fingerprints(settings: Settings) -> list[Fingerprint]:
     """(path, size, mtime_ns, ingest_hash) of every input file; a Delta input table by its latest log entry, a
     datasets folder by its files' total size and latest change (jobs.infra.lineage.file_fingerprint). The OpenAI
     batch input file counts as an input too: a new one changes the chains of the same output file."""
-    paths = ingest.ingest_files(settings.ingest)
+    paths = ingest_readers.ingest_files(settings.ingest)
     if settings.ingest.batch_input:
-        paths += ingest.input_files(settings.ingest.batch_input)
+        paths += ingest_readers.input_files(settings.ingest.batch_input)
     shaped = ingest_hash(settings)
     return [(str(Path(path)), *file_fingerprint(path), shaped) for path in paths]
 

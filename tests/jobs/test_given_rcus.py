@@ -18,7 +18,7 @@ from tolerance import EXACT_FRAME
 from jobs.infra.config import Settings
 from jobs.infra.config_paths import PROJECT_ROOT
 from jobs.metaeval import entailment_bank as eb
-from jobs.receval import ingest, nli_scores
+from jobs.receval import ingest_rows, nli_scores
 from jobs.receval import steps as J
 from jobs.receval.settings import IngestSettings
 from schemas import chains as C
@@ -38,7 +38,7 @@ def _row(**fields) -> str:
 
 # ------------------------------------------------------------------------------------------ ingest
 def test_ingest_steps_as_objects_give_texts_and_units():
-    rec = ingest.validate(_row(steps=[{"text": NATALIA, **NATALIA_UNITS}, {"text": "So 72.", "conclusion": "72"}]),
+    rec = ingest_rows.validate(_row(steps=[{"text": NATALIA, **NATALIA_UNITS}, {"text": "So 72.", "conclusion": "72"}]),
                           IngestSettings())
     assert rec[C.STEPS] == [NATALIA, "So 72."]
     assert rec[C.STEP_RCUS] == [NATALIA_UNITS, {"premises": [], "conclusion": "72"}]  # no premises: none
@@ -47,17 +47,17 @@ def test_ingest_steps_as_objects_give_texts_and_units():
 def test_ingest_step_objects_follow_the_mapping():
     cfg = IngestSettings(mapping={**IngestSettings().mapping, "steps": "proof", "step_text": "s",
                                   "step_premises": "given.p", "step_conclusion": "given.c"})
-    rec = ingest.validate(_row(proof=[{"s": NATALIA, "given": {"p": ["Natalia sold 24 clips in May"],
+    rec = ingest_rows.validate(_row(proof=[{"s": NATALIA, "given": {"p": ["Natalia sold 24 clips in May"],
                                                                 "c": "she sold 72 clips altogether"}}]), cfg)
     assert rec[C.STEPS] == [NATALIA] and rec[C.STEP_RCUS] == [NATALIA_UNITS]
 
 
 def test_ingest_text_steps_have_no_units_and_keep_their_hash():
-    rec = ingest.validate(_row(steps=[NATALIA]), IngestSettings())
+    rec = ingest_rows.validate(_row(steps=[NATALIA]), IngestSettings())
     assert rec[C.STEP_RCUS] is None
     # the content hash of a chain without given units is what it was before the field existed
     assert rec[C.CONTENT_HASH] == C.content_hash({k: v for k, v in rec.items() if k != C.STEP_RCUS})
-    given = ingest.validate(_row(steps=[{"text": NATALIA, **NATALIA_UNITS}]), IngestSettings())
+    given = ingest_rows.validate(_row(steps=[{"text": NATALIA, **NATALIA_UNITS}]), IngestSettings())
     assert given[C.CONTENT_HASH] != rec[C.CONTENT_HASH]  # given units are part of what defines the chain
 
 
@@ -74,8 +74,8 @@ def test_ingest_text_steps_have_no_units_and_keep_their_hash():
     ],
 )
 def test_ingest_bad_step_objects_are_quarantined_with_a_reason(steps, reason):
-    with pytest.raises(ingest.RowError) as err:
-        ingest.validate(_row(steps=steps), IngestSettings())
+    with pytest.raises(ingest_rows.RowError) as err:
+        ingest_rows.validate(_row(steps=steps), IngestSettings())
     assert err.value.reason == reason
 
 

@@ -14,7 +14,7 @@ from pyspark.testing import assertSchemaEqual
 
 from jobs.infra import tables
 from jobs.receval import ingest
-from jobs.receval.ingest import RowError, validate
+from jobs.receval.ingest_rows import RowError, validate
 from jobs.receval.settings import IngestSettings
 from schemas import chains as C
 from schemas import quarantine as Q

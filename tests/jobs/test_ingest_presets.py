@@ -1,6 +1,6 @@
 """ingest.preset: rows in the shapes the producers write, each fixture with the source of its shape.
 
-The validator tests run without Spark (ingest.validate_chains is plain Python); one ingest run per join or
+The validator tests run without Spark (ingest_rows.validate_chains is plain Python); one ingest run per join or
 reader that only Spark does (the OpenAI batch input join, a `datasets` folder with a vLLM fan-out) checks the
 written tables and that the counts reconcile. The lm-evaluation-harness round trip runs the harness itself.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from jobs.receval import ingest
+from jobs.receval import ingest, ingest_readers, ingest_rows
 from jobs.receval.ingest_presets import split_reasoning
 from jobs.receval.settings import IngestSettings
 from schemas import chains as C
@@ -89,20 +89,20 @@ def _settings(**values) -> IngestSettings:
 
 # -- validator, no Spark ------------------------------------------------------------------------------------------
 def test_chat_preset_last_user_turn_before_the_answer_is_the_question():
-    rec = ingest.validate(json.dumps(CHAT), _settings(preset="chat"))
+    rec = ingest_rows.validate(json.dumps(CHAT), _settings(preset="chat"))
     assert (rec[C.CHAIN_ID], rec[C.CONTEXT], rec[C.QUESTION], rec[C.CHAIN_TEXT]) == (
         "conv-7", "And 5 * 2?", "And 5 * 2?", "5 * 2 = 10. The answer is 10.")
     assert rec[C.METADATA] == {"system": "You are a careful tutor.", "model": "llama-3-8b-instruct",
                                "producer": "chat"}
-    with pytest.raises(ingest.RowError) as err:  # a conversation without an assistant turn has no chain
-        ingest.validate(json.dumps({"messages": [{"role": "user", "content": "Hi"}]}), _settings(preset="chat"))
+    with pytest.raises(ingest_rows.RowError) as err:  # a conversation without an assistant turn has no chain
+        ingest_rows.validate(json.dumps({"messages": [{"role": "user", "content": "Hi"}]}), _settings(preset="chat"))
     assert err.value.reason == "missing_chain"
 
 
 def test_openai_batch_rows_with_their_input_and_failed_requests():
     cfg = _settings(preset="openai_batch", batch_input="in.jsonl")
     ctx = json.dumps({"_input": BATCH_INPUT[0]})
-    rec = ingest.validate(json.dumps(BATCH_OUTPUT[0]), cfg, ctx)
+    rec = ingest_rows.validate(json.dumps(BATCH_OUTPUT[0]), cfg, ctx)
     assert (rec[C.CHAIN_ID], rec[C.CONTEXT], rec[C.CHAIN_TEXT]) == (
         "req-1", "Tom has 3 apples and buys 5. How many?", "He has 3 + 5 = 8. The answer is 8.")
     assert rec[C.METADATA] == {"model": "gpt-4o-mini-2024-07-18", "system": "Think step by step.",
@@ -116,13 +116,13 @@ def test_openai_batch_rows_with_their_input_and_failed_requests():
         (BATCH_OUTPUT[0], json.dumps({"_input_count": 2}), "batch_input_ambiguous", "custom_id req-1 has 2"),
     ]
     for row, extra, reason, detail in cases:
-        with pytest.raises(ingest.RowError) as err:
-            ingest.validate(json.dumps(row), cfg, extra)
+        with pytest.raises(ingest_rows.RowError) as err:
+            ingest_rows.validate(json.dumps(row), cfg, extra)
         assert (err.value.reason, err.value.detail[: len(detail)]) == (reason, detail)
 
 
 def test_vllm_fans_out_one_chain_per_output_each_with_its_sample_idx():
-    out = ingest.validate_chains(json.dumps(VLLM[0]), _settings(preset="vllm"))
+    out = ingest_rows.validate_chains(json.dumps(VLLM[0]), _settings(preset="vllm"))
     good = [r for r in out if isinstance(r, dict)]
     assert [(r[C.CHAIN_ID], r[C.QUESTION_ID], r[C.CHAIN_TEXT], r[C.METADATA]["sample_idx"]) for r in good] == [
         ("0-0", "0", "2 + 2 = 4. The answer is 4.", "0"),
@@ -130,9 +130,9 @@ def test_vllm_fans_out_one_chain_per_output_each_with_its_sample_idx():
     ]
     assert all(r[C.CONTEXT] == "Q: What is 2 + 2?\nA:" and r[C.METADATA]["producer"] == "vllm" for r in good)
     bad = out[2]  # the blank third sample is quarantined alone, the others stay
-    assert isinstance(bad, ingest.RowError) and (bad.reason, bad.detail) == ("empty_chain", "sample 2: chain text is empty")
-    with pytest.raises(ingest.RowError) as err:
-        ingest.validate_chains(json.dumps(VLLM[1]), _settings(preset="vllm"))
+    assert isinstance(bad, ingest_rows.RowError) and (bad.reason, bad.detail) == ("empty_chain", "sample 2: chain text is empty")
+    with pytest.raises(ingest_rows.RowError) as err:
+        ingest_rows.validate_chains(json.dumps(VLLM[1]), _settings(preset="vllm"))
     assert err.value.reason == "empty_fan_out"
 
 
@@ -143,17 +143,17 @@ def test_vllm_fans_out_one_chain_per_output_each_with_its_sample_idx():
 )
 def test_path_problems_are_row_reasons(source, reason):
     row = {"context": "X", "resps": [["a chain."]], "outputs": []}
-    verdicts = ingest.validate_series(pd.Series([json.dumps(row)]), _settings(mapping={"chain_text": source}))
+    verdicts = ingest_rows.validate_series(pd.Series([json.dumps(row)]), _settings(mapping={"chain_text": source}))
     assert [(v["error"], v["record"]) for v in verdicts[0]] == [(reason, None)]
 
 
 def test_integer_ids_and_composed_ids():
     row = {"doc_id": 7, "task": "gsm", "context": "X", "chain": "A. So B."}
-    assert ingest.validate(json.dumps(row), _settings(mapping={"chain_id": "doc_id"}))[C.CHAIN_ID] == "7"
+    assert ingest_rows.validate(json.dumps(row), _settings(mapping={"chain_id": "doc_id"}))[C.CHAIN_ID] == "7"
     composed = _settings(mapping={"chain_id": "{task}-{doc_id}-{sample_idx}"})
-    assert ingest.validate(json.dumps(row), composed)[C.CHAIN_ID] == "gsm-7-0"
-    with pytest.raises(ingest.RowError) as err:
-        ingest.validate(json.dumps({**row, "task": None}), composed)
+    assert ingest_rows.validate(json.dumps(row), composed)[C.CHAIN_ID] == "gsm-7-0"
+    with pytest.raises(ingest_rows.RowError) as err:
+        ingest_rows.validate(json.dumps({**row, "task": None}), composed)
     assert err.value.reason == "template_field_missing"
 
 
@@ -165,10 +165,10 @@ def test_reasoning_split():
     assert split_reasoning("<think>3 + 5 = 8, so", tags) == ("3 + 5 = 8, so", None)  # cut off: no answer
     assert split_reasoning("No tags. 8.", tags) == ("No tags. 8.", None)
     row = {"context": "X", "chain": "[R]a. So b.[/R] b", "answer": None}
-    rec = ingest.validate(json.dumps(row), _settings(reasoning=True, reasoning_tags=["[R]", "[/R]"]))
+    rec = ingest_rows.validate(json.dumps(row), _settings(reasoning=True, reasoning_tags=["[R]", "[/R]"]))
     assert (rec[C.CHAIN_TEXT], rec[C.ANSWER]) == ("a. So b.", "b")
     # an answer the mapping finds wins over the text after the tag
-    rec = ingest.validate(json.dumps({**row, "answer": "B"}), _settings(reasoning=True, reasoning_tags=["[R]", "[/R]"]))
+    rec = ingest_rows.validate(json.dumps({**row, "answer": "B"}), _settings(reasoning=True, reasoning_tags=["[R]", "[/R]"]))
     assert (rec[C.CHAIN_TEXT], rec[C.ANSWER]) == ("a. So b.", "B")
 
 
@@ -177,8 +177,8 @@ def test_lm_eval_file_facts(tmp_path: Path):
     samples = tmp_path / f"samples_gsm_tiny_cot_{run}.jsonl"
     (tmp_path / f"results_{run}.json").write_text(json.dumps({"model_name": "models/tiny-gpt2",
                                                                 "config": {"model": "hf"}}))
-    assert ingest.lm_eval_file(str(samples)) == {"task": "gsm_tiny_cot", "run": run, "model": "models/tiny-gpt2"}
-    assert ingest.lm_eval_file(str(tmp_path / "other.jsonl")) == {}
+    assert ingest_readers.lm_eval_file(str(samples)) == {"task": "gsm_tiny_cot", "run": run, "model": "models/tiny-gpt2"}
+    assert ingest_readers.lm_eval_file(str(tmp_path / "other.jsonl")) == {}
 
 
 # -- one Spark run each -------------------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def test_datasets_folder_with_vllm_rows_fans_out_and_reconciles(spark, tmp_path:
         ("0-0", "0"), ("0-1", "1"), ("2-0", "0"), ("2-1", "1")]
     assert chains["2-1"][C.CHAIN_TEXT] == "Two and two make five. The answer is 5."
     assert [reason for reason, _ in quarantine] == ["empty_chain", "empty_chain", "empty_fan_out"]
-    assert ingest.input_files(str(folder)) == [str(folder)]
+    assert ingest_readers.input_files(str(folder)) == [str(folder)]
 
 
 # -- lm-evaluation-harness itself ---------------------------------------------------------------------------------
@@ -319,7 +319,7 @@ def test_lm_eval_samples_round_trip(spark, tmp_path: Path, tiny_models):
     model = json.loads(results.read_text())["model_name"]
     # the harness's output folder as the input: its results_*.json beside the samples is not read as chains
     settings = folder_settings(tmp_path, "ingest.preset=lm_eval", f"ingest.input={samples.parent}")
-    assert ingest.ingest_files(settings.ingest) == [str(samples)]
+    assert ingest_readers.ingest_files(settings.ingest) == [str(samples)]
     counts = ingest.run(spark, settings, run_id="r1")
     chains, quarantine = _tables(spark, settings)
     expected_chains, expected_quarantine = {}, []

@@ -23,7 +23,7 @@ from jobs.infra.config import ConfigError, Settings
 from jobs.infra.config_describe import describe
 from jobs.infra.config_layers import load_settings, load_settings_with_sources
 from jobs.receval import export, ingest, input_files, pipeline
-from jobs.receval.ingest import RowError, validate
+from jobs.receval.ingest_rows import REPLACED, RowError, validate
 from jobs.receval.night_summary import StageReport
 from jobs.receval.settings import IngestSettings
 from schemas import chains as C
@@ -92,7 +92,7 @@ ROW = {"context": "Ann has 3 apples.", "chain": f"She buys 2, so she has 5{FFFD}
 def test_literal_replacement_char_follows_the_option_and_is_counted(mode, chain, answer):
     cfg = IngestSettings() if mode == "strip_end" else IngestSettings(replacement_char=mode)  # the default first
     rec = validate(json.dumps(ROW), cfg)
-    assert (rec[C.CHAIN_TEXT], rec[C.ANSWER], rec[ingest.REPLACED]) == (chain, answer, 2)
+    assert (rec[C.CHAIN_TEXT], rec[C.ANSWER], rec[REPLACED]) == (chain, answer, 2)
     assert IngestSettings().replacement_char == "strip_end"
 
 

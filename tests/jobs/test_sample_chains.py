@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from jobs.infra import tables
-from jobs.receval import ingest
+from jobs.receval import ingest_rows
 from jobs.selection import sample_chains as SC
 from schemas import chains as C
 from schemas import quarantine as Q
@@ -96,7 +96,7 @@ def test_sample_chains_tiny_t5_end_to_end(spark, tiny_models, tmp_path, make_set
     # Every written row passes ingest's validator as it is (the pipeline's input contract).
     cfg = settings.ingest
     for row in first:
-        record = ingest.validate(json.dumps(row), cfg)
+        record = ingest_rows.validate(json.dumps(row), cfg)
         assert (record[C.CHAIN_ID], record[C.CHAIN_TEXT], record[C.METADATA]) == (row["chain_id"], row["chain"],
                                                                                   row["metadata"])
     quarantined = tables.read(spark, settings.table("quarantine")).where(f"{Q.STAGE} = 'sample_chains'")
