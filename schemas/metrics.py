@@ -185,7 +185,7 @@ STEP_BASELINE_METRICS = (
            "1 - max_{i<t} P_contradiction(premise h_i, hypothesis h_t); 1 for the first step", aggregations=(MIN,)),
 )
 
-# CoT evaluation (jobs.cot.evaluate.compute_metrics): the share of true `source` rows, per aggregate. `source`
+# CoT evaluation (jobs.cot.metrics.compute_metrics): the share of true `source` rows, per aggregate. `source`
 # names a cot_predictions column (schemas/cot.py; tests check it is one); rows where it is null are left out.
 COT_METRIC_LIST = tuple(
     Metric(name, COT_METRICS, definition, aggregations=COT_AGGREGATES, source=source)

@@ -6,6 +6,8 @@ Direct and CoT modes, as in Kim et al. 2023 and its official code (docs/design/C
 - CoT: a rationale of >= min_new_tokens after `source + "\\n\\nLet's think step by step.\\n"`, cut before the
   first "[ANSWER]"; classification scores the options after `rationale + "\\n[ANSWER] "`; generation takes the
   answer after the last "[ANSWER]".
+This module holds the modes and the stage that runs them; the model UDFs are built by jobs/cot/model_udfs.py, the
+metrics computed by jobs/cot/metrics.py, the tables keyed, read and written by jobs/cot/storage.py.
 
     python -m jobs.cot.evaluate --set cot.datasets=[bbh] --set cot.max_examples_per_task=5
 """
@@ -18,98 +20,36 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
 from jobs.cot.data import Reject, load_examples, load_fewshot
+from jobs.cot.metrics import compute_metrics
+from jobs.cot.model_udfs import CotUdfs, build_udfs
 from jobs.cot.settings import CotSettings
+from jobs.cot.storage import (
+    KEY,
+    done_keys,
+    example_key,
+    examples_frame,
+    key_column,
+    protocol_hash,
+    stored_predictions,
+    write_metrics,
+    write_predictions,
+)
 from jobs.infra import tables
 from jobs.infra.config import Settings
 from jobs.infra.progress import Progress, counted
 from jobs.infra.stage import Job, Stage
 from schemas import cot as S
-from schemas import metrics as MR
 from udfs import cot_text
 
 log = logging.getLogger(__spec__.name)
 
 QUARANTINE_STAGE = "cot_eval"
-KEY = "_key"
-PRED_KEYS = [S.DATASET, S.TASK, S.TEMPLATE, S.EXAMPLE_ID, S.MODE, S.MODEL, S.PROTOCOL_HASH]
-METRIC_KEYS = [S.DATASET, S.MODE, S.MODEL, S.AGGREGATE, S.GROUP, S.METRIC_NAME]
-
-
-@dataclass(frozen=True)
-class CotUdfs:
-    """The model UDFs, built once per job (a new UDF object would reload the model)."""
-
-    options: Callable[..., Column]  # (prompt, prefix, option) -> struct(sum_logprob, n_tokens, n_bytes, ...)
-    direct_generate: Callable[..., Column]  # prompt -> struct(text, n_tokens, truncated, error)
-    rationale: Callable[..., Column]  # CoT classification: the rationale (options are scored after it)
-    cot_generate: Callable[..., Column]  # CoT generation: rationale and answer
-    # suffix -> UDF source -> struct(prompt, truncated) (the official source round trip); None: source + suffix.
-    prompt: Callable[[str], Callable[..., Column]] | None = None
-
-
-def generator_options(cfg: CotSettings) -> dict[str, dict[str, Any]]:
-    """Keyword arguments of `udfs.generate.generate` for each of the job's three generators (official values by
-    default: evaluation.py's generate calls)."""
-    sampling = dict(do_sample=cfg.sample, top_p=cfg.top_p, temperature=cfg.temperature, seed=cfg.seed,
-                    no_repeat_ngram_size=cfg.no_repeat_ngram_size, clean_up_spaces=True)  # fmt: skip
-    return {
-        "direct_generate": dict(**sampling, max_new_tokens=cfg.direct_max_new_tokens, min_new_tokens=0,
-                                stop_strings=list(cfg.direct_stop)),  # fmt: skip
-        "rationale": dict(**sampling, max_new_tokens=cfg.max_new_tokens, min_new_tokens=cfg.min_new_tokens,
-                          stop_strings=list(cfg.indicators) if cfg.stop_at_indicator else []),  # fmt: skip
-        "cot_generate": dict(**sampling, max_new_tokens=cfg.generation_max_new_tokens,
-                             min_new_tokens=cfg.generation_min_new_tokens, stop_strings=[]),  # fmt: skip
-    }
-
-
-def build_udfs(settings: Settings) -> CotUdfs:
-    from udfs.generate import generate_udf, model_generator_factory
-    from udfs.options import model_options_factory, options_udf
-
-    cfg, rt, ref = settings.cot, settings.runtime, settings.models.cot
-    if ref.family not in ("causal", "seq2seq"):
-        raise ValueError(f"models.cot.family must be causal or seq2seq, got {ref.family!r}")
-    batch = cfg.batch_size or rt.batch_size
-    length = cfg.max_length
-    dtype = rt.dtype if cfg.dtype == "auto" else cfg.dtype
-    common = dict(path=ref.path, family=ref.family, device=rt.device, dtype=dtype, revision=ref.revision,
-                  trust_remote_code=rt.trust_remote_code, torch_threads=rt.torch_threads,
-                  cache_size=rt.model_cache_size)  # fmt: skip
-    gens = generator_options(cfg)
-
-    def gen(name: str) -> Callable[..., Column]:
-        # cot.max_length is the official input length (the prompt's tokens). A causal LM's new tokens share its
-        # window with the prompt (udfs.generate), so its window is the input length plus the new tokens (the
-        # model's own context still bounds it); with 512 for both the prompt would be cut to one token.
-        window = length + gens[name]["max_new_tokens"] if ref.family == "causal" else length
-        factory = model_generator_factory(**common, batch_size=batch, max_length=window,
-                                          max_tokens=rt.generation_batch_tokens, **gens[name])
-        return generate_udf(factory, rt.on_row_error)
-
-    def prompt(suffix: str) -> Callable[..., Column]:
-        from udfs.cot_prompt import prompt_udf
-
-        return prompt_udf(ref.path, suffix, length, rt.trust_remote_code, cfg.chat_template, cfg.source_roundtrip)
-
-    return CotUdfs(
-        options=options_udf(
-            model_options_factory(**common, batch_size=batch, max_length=length, share_prompt=cfg.share_prompt,
-                                  max_tokens=rt.max_batch_tokens, eos=cfg.score_eos and ref.family == "seq2seq",
-                                  move_space=cfg.causal_move_space and ref.family == "causal"),  # fmt: skip
-            rt.on_row_error,
-        ),
-        direct_generate=gen("direct_generate"),
-        rationale=gen("rationale"),
-        cot_generate=gen("cot_generate"),
-        prompt=prompt if cfg.source_roundtrip or cfg.chat_template else None,
-    )
 
 
 # ---- text rules as column functions ----------------------------------------------------------------------
@@ -157,11 +97,6 @@ def _fewshot_of(fewshot: Mapping[tuple[str, str], tuple[str, str]]) -> Callable[
         return pd.Series(out, dtype=object)
 
     return prompt
-
-
-def _key() -> Column:
-    # Template is null for BBH and MGSM: a plain equi-join on it would drop those rows.
-    return F.concat_ws("\x1f", S.DATASET, S.TASK, F.coalesce(F.col(S.TEMPLATE), F.lit("\x00")), S.EXAMPLE_ID)
 
 
 # ---- the pure core ---------------------------------------------------------------------------------------
@@ -376,7 +311,7 @@ def transform(
     files are CoT demonstrations).
     """
     run = _Pass(cfg, udfs, partitions, hold if hold is not None else (lambda df: df))
-    base = run.keep(_prompted(examples, mode, cfg, udfs, fewshot).withColumn(KEY, _key()))
+    base = run.keep(_prompted(examples, mode, cfg, udfs, fewshot).withColumn(KEY, key_column()))
     cls = base.where(F.col(S.OPTIONS).isNotNull() & (F.size(S.OPTIONS) > 0))
     gen = base.where(F.col(S.OPTIONS).isNull() | (F.size(S.OPTIONS) == 0))
     if mode == "direct":
@@ -386,154 +321,13 @@ def transform(
     return _split_failed(cls_pred, gen_pred, cls_failed, mode, model)
 
 
-# ---- metrics (driver side: one row per group, small) -----------------------------------------------------
-def _bootstrap(samples: list[np.ndarray], tasks: list[int], resamples: int, confidence: float, seed: int):
-    """Percentile CI of mean over tasks of (median over the task's samples of the sample mean).
-
-    One sample per task reduces to a mean of task means (macro); one sample to the plain mean. Samples are
-    resampled independently (stratified by task/template), with scipy.stats.bootstrap.
-    """
-    from scipy.stats import bootstrap
-
-    if not samples or any(len(s) < 2 for s in samples):
-        return None, None
-    groups = sorted(set(tasks))
-
-    def stat(*arrays: np.ndarray, axis: int = -1) -> np.ndarray:
-        means = [a.mean(axis=axis) for a in arrays]
-        per_task = [np.median(np.stack([m for m, t in zip(means, tasks, strict=True) if t == g]), axis=0) for g in groups]
-        return np.mean(np.stack(per_task), axis=0)
-
-    if all(np.all(s == s[0]) for s in samples) and len({float(s[0]) for s in samples}) == 1:
-        value = float(samples[0][0])  # no spread: every resample gives the same value
-        return value, value
-    res = bootstrap(
-        tuple(samples), stat, n_resamples=resamples, confidence_level=confidence, method="percentile",
-        vectorized=True, paired=False, batch=max(1, 20_000_000 // max(1, sum(len(s) for s in samples))),
-        rng=np.random.default_rng(seed),
-    )  # fmt: skip
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
-
-
-def compute_metrics(pred: pd.DataFrame, resamples: int = 1000, confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:
-    """Predictions (dataset, task, template, mode, model, correct, numeric_correct, correct_per_*) -> metric rows.
-
-    Per template and per task; per dataset the macro mean over tasks (a templated task counts with its
-    median over templates, as T0 reports) and the micro mean over rows; bootstrap CIs beside each value.
-    """
-    columns = {m.name: m.source for m in MR.of_table(MR.COT_METRICS)}  # metric -> its predictions column
-    out: list[dict[str, Any]] = []
-    for (dataset, mode, model), part in pred.groupby([S.DATASET, S.MODE, S.MODEL], sort=True):
-        for metric, column in columns.items():
-            if column not in part:  # predictions from before the column existed
-                continue
-            rows = part[part[column].notna()]
-            if rows.empty:
-                continue
-
-            def add(aggregate: str, group: str, samples: list[np.ndarray], tasks: list[int], value: float,
-                    ids: tuple[str, str, str, str] = (dataset, mode, model, metric)) -> None:  # fmt: skip
-                low, high = _bootstrap(samples, tasks, resamples, confidence, seed)
-                dataset_, mode_, model_, metric_ = ids
-                out.append({S.DATASET: dataset_, S.MODE: mode_, S.MODEL: model_, S.AGGREGATE: aggregate,
-                            S.GROUP: group, S.METRIC_NAME: metric_, S.VALUE: value, S.CI_LOW: low,
-                            S.CI_HIGH: high, S.N: int(sum(len(s) for s in samples))})  # fmt: skip
-
-            samples: list[np.ndarray] = []
-            owners: list[int] = []
-            task_values: list[float] = []
-            for t_index, (task, trows) in enumerate(rows.groupby(S.TASK, sort=True)):
-                values = trows[column].astype(float).to_numpy()
-                templated = trows[S.TEMPLATE].notna()
-                add("task", task, [values], [0], float(values.mean()))
-                if templated.any():
-                    per_template = []
-                    t_samples = []
-                    for template, prows in trows[templated].groupby(S.TEMPLATE, sort=True):
-                        v = prows[column].astype(float).to_numpy()
-                        add("template", f"{task}/{template}", [v], [0], float(v.mean()))
-                        per_template.append(float(v.mean()))
-                        t_samples.append(v)
-                    add("median_template", task, t_samples, [0] * len(t_samples), float(np.median(per_template)))
-                    samples += t_samples
-                    owners += [t_index] * len(t_samples)
-                    task_values.append(float(np.median(per_template)))
-                else:
-                    samples.append(values)
-                    owners.append(t_index)
-                    task_values.append(float(values.mean()))
-            add("macro", "*", samples, owners, float(np.mean(task_values)))
-            all_values = rows[column].astype(float).to_numpy()
-            add("micro", "*", [all_values], [0], float(all_values.mean()))
-    return pd.DataFrame(out, columns=[f.name for f in S.METRICS_SCHEMA.fields if f.name not in (S.RUN_ID, S.COMPUTED_AT)])
-
-
-# ---- reads and writes ------------------------------------------------------------------------------------
-def metrics_frame(spark: SparkSession, metrics: pd.DataFrame, run_id: str | None) -> DataFrame:
-    schema = StructType([f for f in S.METRICS_SCHEMA.fields if f.name not in (S.RUN_ID, S.COMPUTED_AT)])
-    records = [
-        tuple(None if isinstance(v, float) and np.isnan(v) else v for v in row)
-        for row in metrics[schema.fieldNames()].itertuples(index=False, name=None)
-    ]
-    df = spark.createDataFrame(records, schema)
-    return df.withColumn(S.RUN_ID, F.lit(run_id).cast("string")).withColumn(S.COMPUTED_AT, tables.now())
-
-
-def examples_frame(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
-    frame = pd.DataFrame(rows, columns=S.EXAMPLE_SCHEMA.fieldNames())
-    return spark.createDataFrame(frame, S.EXAMPLE_SCHEMA)
-
-
+# ---- the stage: quarantine rows, chunks, the run -------------------------------------------------------
 def _reject_rows(spark: SparkSession, rejects: list[Reject], run_id: str | None) -> DataFrame:
     data = [(r.reason, r.detail, r.raw, r.source) for r in rejects]
     df = spark.createDataFrame(data, "reason string, detail string, raw string, source string")
     return tables.quarantine_rows(
         df, "cot_load", F.col("reason"), F.col("detail"), raw=F.col("raw"), source=F.col("source"), run_id=run_id
     )
-
-
-def protocol_hash(settings: Settings) -> str:
-    """Fingerprint of what makes a prediction: the protocol keys, the seed, loader choices and the model."""
-    import hashlib
-    import json
-
-    from jobs.cot.settings import OFFICIAL_COT
-
-    cfg, ref = settings.cot, settings.models.cot
-    keyed = {k: getattr(cfg, k) for k in OFFICIAL_COT}
-    keyed |= {"protocol": cfg.protocol, "seed": cfg.seed, "causal_move_space": cfg.causal_move_space,
-              "bbh_option_style": cfg.bbh_option_style, "family": ref.family, "revision": ref.revision}  # fmt: skip
-    keyed |= cfg.fewshot_keys()  # empty when zero-shot: fingerprints stored before few-shot existed still match
-    return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def example_key(row: dict[str, Any]) -> str:
-    """The driver-side twin of `_key()` (same separator and null template)."""
-    template = row[S.TEMPLATE] if row[S.TEMPLATE] is not None else "\x00"
-    return "\x1f".join([row[S.DATASET], row[S.TASK], template, row[S.EXAMPLE_ID]])
-
-
-def _done_keys(spark: SparkSession, path: str, mode: str, model: str, fingerprint: str) -> set[str]:
-    """Keys of the examples this (mode, model, protocol) already has predictions for: a resumed run skips them."""
-    if not tables.exists(spark, path):
-        return set()
-    df = spark.read.format("delta").load(path)
-    if S.PROTOCOL_HASH not in df.columns:
-        return set()
-    mine = df.where((F.col(S.MODE) == mode) & (F.col(S.MODEL) == model) & (F.col(S.PROTOCOL_HASH) == fingerprint))
-    return {r[0] for r in mine.select(_key()).collect()}
-
-
-def _stored_predictions(spark: SparkSession, path: str, model: str, fingerprint: str, modes: Sequence[str],
-                        keys: set[str]) -> pd.DataFrame:  # fmt: skip
-    """This run's examples' predictions as stored (made now or by the run that was resumed), for the metrics."""
-    if not tables.exists(spark, path) or not keys:
-        return pd.DataFrame()
-    df = spark.read.format("delta").load(path)
-    mine = df.where((F.col(S.MODEL) == model) & (F.col(S.PROTOCOL_HASH) == fingerprint) & F.col(S.MODE).isin(list(modes)))
-    frame = mine.select(_key().alias(KEY), S.DATASET, S.TASK, S.TEMPLATE, S.MODE, S.MODEL, S.CORRECT,
-                        S.NUMERIC_CORRECT, S.CORRECT_PER_TOKEN, S.CORRECT_PER_BYTE, S.CHANCE).toPandas()  # fmt: skip
-    return frame[frame[KEY].isin(keys)].drop(columns=[KEY]).reset_index(drop=True)
 
 
 def _chunks(rows: list[dict[str, Any]], size: int) -> list[tuple[str, list[list[dict[str, Any]]]]]:
@@ -587,7 +381,7 @@ def run(
     counts["protocol_hash"] = fingerprint
     for mode in cfg.modes:
         started = time.time()
-        done = _done_keys(spark, path, mode, model, fingerprint) if cfg.resume else set()
+        done = done_keys(spark, path, mode, model, fingerprint) if cfg.resume else set()
         todo = [r for r in rows if example_key(r) not in done]
         n_new = n_failed = n_truncated = 0
         for label, chunks in _chunks(todo, cfg.chunk_examples):
@@ -603,14 +397,13 @@ def run(
                         k_pred, k_failed = pred.count(), failed.count()
                         n_new, n_failed = n_new + k_pred, n_failed + k_failed
                         n_truncated += pred.where(F.col(S.TRUNCATED)).count()
-                        # Nullable keys (template): `=` never matches a null, so a rerun would add those rows again.
-                        tables.upsert(spark, pred, path, S.PREDICTIONS_SCHEMA, PRED_KEYS, null_safe=PRED_KEYS)
+                        write_predictions(spark, pred, path)
                         if k_failed:
                             tables.append_quarantine(
                                 spark,
                                 settings,
                                 tables.quarantine_rows(
-                                    failed, QUARANTINE_STAGE, F.col("_reason"), F.col("_error"), chain_id=_key(),
+                                    failed, QUARANTINE_STAGE, F.col("_reason"), F.col("_error"), chain_id=key_column(),
                                     source=F.col(S.MODE), run_id=run_id,
                                 ),
                             )  # fmt: skip
@@ -622,11 +415,10 @@ def run(
         counts[f"{mode}_truncated"] = n_truncated
         counts[f"{mode}_seconds"] = round(time.time() - started, 2)
         counts[f"{mode}_reconciled"] = int(n_new + n_failed + resumed == len(rows))
-    frame = _stored_predictions(spark, path, model, fingerprint, cfg.modes, {example_key(r) for r in rows})
+    frame = stored_predictions(spark, path, model, fingerprint, cfg.modes, {example_key(r) for r in rows})
     metrics = compute_metrics(frame, cfg.bootstrap_resamples, cfg.confidence, cfg.seed) if not frame.empty else None
     if metrics is not None and not metrics.empty:
-        mdf = metrics_frame(spark, metrics, run_id)
-        tables.upsert(spark, mdf, settings.table("cot_metrics"), S.METRICS_SCHEMA, METRIC_KEYS)
+        write_metrics(spark, settings, metrics, run_id)
     counts["metrics"] = metrics
     return counts
 

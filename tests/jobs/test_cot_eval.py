@@ -12,6 +12,8 @@ from pyspark.sql import functions as F
 from tolerance import EXACT_ABS, exact, loglik_approx
 
 from jobs.cot import evaluate as cot_eval
+from jobs.cot import metrics as cot_metrics
+from jobs.cot.model_udfs import generator_options
 from schemas import cot as S
 from schemas import quarantine as Q
 from udfs import cot_text
@@ -38,7 +40,7 @@ def metrics():
         + _pred("p3", "u", "x", [True, False])
     )
     frame = pd.DataFrame(rows)
-    return cot_eval.compute_metrics(frame, resamples=200, confidence=0.95, seed=0)
+    return cot_metrics.compute_metrics(frame, resamples=200, confidence=0.95, seed=0)
 
 
 def _value(metrics, dataset, aggregate, group, metric="accuracy"):
@@ -91,7 +93,7 @@ def test_compute_metrics_bootstrap_ci(metrics):
 
 
 def test_bootstrap_needs_two_rows():
-    assert cot_eval._bootstrap([np.array([1.0])], [0], 100, 0.95, 0) == (None, None)
+    assert cot_metrics._bootstrap([np.array([1.0])], [0], 100, 0.95, 0) == (None, None)
 
 
 # ---- end to end -------------------------------------------------------------------------------------------
@@ -203,7 +205,7 @@ def test_cot_eval_rationale_is_the_cut_generation(e2e, tiny_models):
     settings, _, pred, _, _ = e2e
     rows = pred.where((F.col(S.MODE) == "cot") & F.col(S.OPTIONS).isNotNull()).orderBy(S.TASK).limit(8).collect()
     model, tok = load_model(str(tiny_models["tiny-t5"]), "seq2seq")
-    opts = cot_eval.generator_options(settings.cot)["rationale"]
+    opts = generator_options(settings.cot)["rationale"]
     gens = generate(model, tok, "seq2seq", [r[S.PROMPT] for r in rows], max_length=512, **opts)
     assert all(g.n_tokens >= 8 for g in gens)
     assert [r[S.RATIONALE] for r in rows] == [cot_text.rationale_of(g.text) for g in gens]
@@ -321,7 +323,7 @@ def test_cot_eval_chat_template_causal_lm(spark, tiny_models, make_settings, tmp
         assert r[S.PROMPT] == chat_prompts(tok, [r[S.SOURCE]], suffix, 512)[0][0]
         assert r[S.PROMPT].endswith("<|assistant|>" + suffix.lstrip("\n"))
     cls = pred[pred[S.OPTIONS].notna()].sort_values([S.MODE, S.TASK, S.EXAMPLE_ID])
-    opts = cot_eval.generator_options(settings.cot)["rationale"]
+    opts = generator_options(settings.cot)["rationale"]
     for _, r in cls.iterrows():
         prefix = ""
         if r[S.MODE] == "cot":

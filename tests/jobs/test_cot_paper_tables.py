@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from tolerance import exact
 
-from jobs.cot import evaluate as cot_eval
 from jobs.cot import paper_tables as P
+from jobs.cot.metrics import compute_metrics
 from schemas import cot as S
 
 
@@ -29,7 +29,7 @@ def metrics():
         + _pred("p3", "rte", "c", "direct", [False, False])
         + _pred("mgsm", "en", None, "cot", [True, False, True])
     )
-    return cot_eval.compute_metrics(pd.DataFrame(rows), resamples=50, confidence=0.95, seed=0)
+    return compute_metrics(pd.DataFrame(rows), resamples=50, confidence=0.95, seed=0)
 
 
 def _wilson_by_hand(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:

@@ -11,6 +11,8 @@ from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
 from jobs.cot import evaluate as cot_eval
+from jobs.cot import storage
+from jobs.cot.model_udfs import CotUdfs, generator_options
 from jobs.cot.settings import LENIENT_COT, OFFICIAL_COT, CotSettings
 from jobs.infra.config_layers import load_settings
 from schemas import cot as S
@@ -57,13 +59,13 @@ def test_cot_lenient_preset_and_departures_are_named():
 
 
 def test_generator_options_follow_the_official_generate_calls():
-    gens = cot_eval.generator_options(CotSettings())
+    gens = generator_options(CotSettings())
     common = {"do_sample": True, "top_p": 0.8, "temperature": 1.0, "seed": 0, "no_repeat_ngram_size": 3,
               "clean_up_spaces": True}  # fmt: skip
     assert gens["rationale"] == {**common, "max_new_tokens": 256, "min_new_tokens": 8, "stop_strings": []}
     assert gens["cot_generate"] == {**common, "max_new_tokens": 512, "min_new_tokens": 0, "stop_strings": []}
     assert gens["direct_generate"] == {**common, "max_new_tokens": 512, "min_new_tokens": 0, "stop_strings": []}
-    lenient = cot_eval.generator_options(CotSettings(protocol="lenient"))["rationale"]
+    lenient = generator_options(CotSettings(protocol="lenient"))["rationale"]
     assert lenient["stop_strings"] == ["[ANSWER]", "So the answer is", "The answer is"] and not lenient["do_sample"]
 
 
@@ -113,7 +115,7 @@ def _fake_udfs():
     def cot_text(prompt: str) -> str:
         return COT_GEN["g1"] if prompt.startswith("What is half of 36?") else COT_GEN["g2"]
 
-    return cot_eval.CotUdfs(
+    return CotUdfs(
         options=options,
         direct_generate=fixed(lambda p: "  18 \n"),
         rationale=fixed(lambda p: RATIONALE),
@@ -133,7 +135,7 @@ EXAMPLES = [
 
 @pytest.fixture(scope="module")
 def predictions(spark):
-    examples = cot_eval.examples_frame(spark, EXAMPLES)
+    examples = storage.examples_frame(spark, EXAMPLES)
     udfs, cfg = _fake_udfs(), CotSettings()
     both = [cot_eval.transform(examples, mode, cfg, "fake", udfs, 1)[0] for mode in ("direct", "cot")]
     out: dict[str, dict] = {"direct": {}, "cot": {}}
@@ -184,8 +186,8 @@ def test_cot_prompt_is_the_official_round_trip(spark, tiny_models):
     from udfs.cot_prompt import prompt_udf
 
     long = {**EXAMPLES[0], S.EXAMPLE_ID: "c2", S.SOURCE: "  " + " ".join(f"w{i}" for i in range(600)) + "? "}
-    examples = cot_eval.examples_frame(spark, [{**EXAMPLES[0], S.SOURCE: "  Which is right?\n"}, long])
-    udfs = cot_eval.CotUdfs(**{**_fake_udfs().__dict__, "prompt": lambda suffix: prompt_udf(
+    examples = storage.examples_frame(spark, [{**EXAMPLES[0], S.SOURCE: "  Which is right?\n"}, long])
+    udfs = CotUdfs(**{**_fake_udfs().__dict__, "prompt": lambda suffix: prompt_udf(
         str(tiny_models["tiny-t5"]), suffix, 512)})  # fmt: skip
     pred, _ = cot_eval.transform(examples, "direct", CotSettings(), "fake", udfs, 1)
     rows = {r[S.EXAMPLE_ID]: r for r in pred.select(S.EXAMPLE_ID, S.PROMPT, S.TRUNCATED).collect()}
@@ -219,7 +221,7 @@ def _marked_udfs(marker: float, fail_on: str | None = None):
         n = len(prompt)
         return pd.DataFrame({"text": ["18"] * n, "n_tokens": [8] * n, "truncated": [False] * n, "error": [None] * n})
 
-    return cot_eval.CotUdfs(options=options, direct_generate=gen, rationale=gen, cot_generate=gen)
+    return CotUdfs(options=options, direct_generate=gen, rationale=gen, cot_generate=gen)
 
 
 @pytest.mark.slow  # three job runs of a few chunks each: ~1-2 min on 2 shared cores
@@ -249,7 +251,7 @@ def test_killed_run_resumes_where_it_stopped(spark, make_settings):
 
     # Another protocol (greedy) reuses nothing: its rows sit beside the first protocol's.
     greedy = make_settings(*base, "cot.sample=false")
-    assert cot_eval.protocol_hash(greedy) != cot_eval.protocol_hash(settings)
+    assert storage.protocol_hash(greedy) != storage.protocol_hash(settings)
     again = cot_eval.run(spark, greedy, "third", _marked_udfs(-3.0))
     assert (again["direct_resumed"], again["direct_predictions"]) == (0, 5)
     assert spark.read.format("delta").load(table).count() == 10
@@ -261,7 +263,7 @@ FEWSHOT = {("t", "cls"): ("Pick the right one.\n\nQ: Is A right?\nA: Let's think
 
 
 def test_fewshot_cot_prompts_carry_the_exemplars_and_the_rest_stay_zero_shot(spark):
-    examples = cot_eval.examples_frame(spark, EXAMPLES)
+    examples = storage.examples_frame(spark, EXAMPLES)
     udfs, cfg = _fake_udfs(), CotSettings(fewshot=1)
     runs = [cot_eval.transform(examples, mode, cfg, "fake", udfs, 1, fewshot=FEWSHOT)[0] for mode in ("direct", "cot")]
     got = {(r[S.MODE], r[S.EXAMPLE_ID]): r.asDict() for r in runs[0].unionByName(runs[1]).collect()}
@@ -279,7 +281,7 @@ def test_fewshot_cot_prompts_carry_the_exemplars_and_the_rest_stay_zero_shot(spa
 
 def test_protocol_hash_tells_few_shot_from_zero_shot_and_keeps_the_zero_shot_one():
     def fingerprint(*overrides: str) -> str:
-        return cot_eval.protocol_hash(load_settings(overrides=list(overrides), environ={}))
+        return storage.protocol_hash(load_settings(overrides=list(overrides), environ={}))
 
     zero = fingerprint()
     # Zero-shot ignores mgsm_exemplars, so fingerprints stored before few-shot existed still resume.

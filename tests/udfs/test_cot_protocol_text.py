@@ -132,7 +132,7 @@ def test_cot_generation_answer_is_text_after_last_marker(generated, answer):
 
 @pytest.mark.parametrize("family", ["causal", "seq2seq"])
 def test_rationale_has_at_least_eight_tokens_with_official_settings(tiny_models, family):
-    from jobs.cot.evaluate import generator_options
+    from jobs.cot.model_udfs import generator_options
     from jobs.cot.settings import CotSettings
 
     model, tok = _load(tiny_models, family)
