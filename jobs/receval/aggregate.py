@@ -8,6 +8,8 @@ is the exception: its aggregations go over the steps that have a value, null whe
 score (arith_errors_total) is its sum, null when a step's count is. API_k(R) is the paper's definition: every
 window of k consecutive info_gain values sums to > 0. A chain with fewer than k steps has one window, the whole chain, so API_k is
 "sum(info_gain) > 0" for it (the window cannot be longer than the chain; an empty chain never reaches here).
+`write` is the one write into `chain_scores`: the night's aggregate stage and score_chains(write=True) insert through it
+(jobs.receval.pipeline.insert), the standalone job (`run`) replaces.
 """
 
 from __future__ import annotations
@@ -110,8 +112,26 @@ def by_label(scores: DataFrame, chains: DataFrame) -> DataFrame:
             .orderBy(C.DATASET, F.col("label") != ALL_CHAINS, "label", F.col("value").desc()))
 
 
+def write(spark: SparkSession, settings: Settings, rows: DataFrame, replace: bool = False) -> int | None:
+    """Write `rows` into `chain_scores` by CS.KEYS (chain, config hash), under the contract as the registry declares
+    it now (CS.schema()). Every writer of the table writes through here.
+
+    Insert-only (the default; the night's aggregate stage and score_chains(write=True), through pipeline.insert): a
+    key the table holds keeps its row, so a rerun, or a retry after a concurrent commit, inserts only what is
+    missing; returns the rows inserted. `replace` (the standalone job, `run`, which recomputes every chain from
+    `step_scores`): a key already there gets the new row, so a rescored step changes its chain's scores and a rerun
+    leaves the table as it was (an upsert); returns None (the upsert counts nothing).
+    """
+    path = settings.table("chain_scores")
+    if replace:
+        tables.upsert(spark, rows, path, CS.schema(), CS.KEYS)
+        return None
+    return tables.insert_new(spark, rows, path, CS.schema(), CS.KEYS)
+
+
 def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
-    """Aggregate every (chain, config hash) in `step_scores` into `chain_scores` (upsert: reruns are idempotent)."""
+    """Aggregate every (chain, config hash) in `step_scores` into `chain_scores` (`write` with replace: a rerun
+    rewrites the same rows, a rescored step's chain gets its new scores)."""
     steps = tables.read(spark, settings.table("step_scores"), SS.SCHEMA)
     with tables.Held() as hold:
         chains = hold(transform(steps, settings.aggregate))
@@ -123,7 +143,7 @@ def run(spark: SparkSession, settings: Settings) -> dict[str, int]:
                              if not m.sparse])
             ).count(),
         }
-        tables.upsert(spark, chains, settings.table("chain_scores"), CS.schema(), CS.KEYS)
+        write(spark, settings, chains, replace=True)
     return counts
 
 

@@ -35,7 +35,6 @@ from jobs.infra.tracking import JobRun
 from jobs.receval import aggregate, curate, ingest, ingest_readers, input_files, score, scores_table
 from jobs.receval import steps as steps_job
 from jobs.receval.night_summary import StageReport, Summary, label_scores, log_summary, print_summary
-from schemas import chain_scores as CS
 from schemas import chains as C
 from schemas import pipeline as P
 from schemas import quarantine as Q
@@ -54,14 +53,14 @@ HASHED_TABLES = ["steps", "contexts", "step_scores", "chain_scores", "unscored",
 ALL_TABLES = ["chains", "quarantine", "input_files", *HASHED_TABLES]
 # The tables a chain's rows go into on their way through the night, in the order a chain reaches them (a
 # stage's rows mark the chain done for it, so they are written after what they stand on). `insert` writes them:
-# by the schema and MERGE keys here (declared beside the schemas), `step_scores` and `quarantine` through their
-# own one writer each. score_chains(write=True) inserts through it too; ingest writes `chains` by C.KEYS itself.
+# by the schema and MERGE keys here (declared beside the schemas), `step_scores`, `chain_scores` and `quarantine`
+# through their own one writer each. score_chains(write=True) inserts through it too; ingest writes `chains` by
+# C.KEYS itself.
 CHAIN_TABLES = ("chains", "steps", "contexts", "step_scores", "chain_scores", "quarantine")
 KEYED: dict[str, tuple[StructType, list[str]]] = {
     "chains": (C.SCHEMA, C.KEYS),
     "steps": (ST.SCHEMA, ST.KEYS),
     "contexts": (ST.CONTEXTS_SCHEMA, ST.CONTEXTS_KEYS),
-    "chain_scores": (CS.SCHEMA, CS.KEYS),
 }
 
 
@@ -70,6 +69,8 @@ def insert(spark: SparkSession, settings: Settings, name: str, rows: DataFrame) 
     holds keeps its row and a rerun adds nothing. Returns the rows inserted."""
     if name == "step_scores":
         return scores_table.write(spark, settings, rows)
+    if name == "chain_scores":
+        return aggregate.write(spark, settings, rows)
     if name == "quarantine":
         return tables.append_quarantine(spark, settings, rows)
     schema, keys = KEYED[name]
