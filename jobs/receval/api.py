@@ -38,7 +38,7 @@ from pyspark.sql import functions as F
 from jobs.infra import claim, tables
 from jobs.infra.config import Settings
 from jobs.infra.stage import claim_tags, settings_of, take_claim, with_built_models
-from jobs.receval import ingest, ingest_readers, pipeline, score
+from jobs.receval import ingest, ingest_rows, pipeline, score
 
 Overrides = Sequence[str] | Mapping[str, Any]
 
@@ -105,11 +105,11 @@ def raw_rows(chains: DataFrame, json_column: str | None = None, source: str = "d
     else:
         text = F.to_json(F.struct(*[F.col(f"`{c}`") for c in chains.columns]))
     return chains.select(
-        F.make_valid_utf8(text).alias(ingest_readers.RAW),
-        F.is_valid_utf8(text).alias(ingest_readers.VALID_UTF8),
+        F.make_valid_utf8(text).alias(ingest_rows.RAW),
+        F.is_valid_utf8(text).alias(ingest_rows.VALID_UTF8),
         F.lit(source).alias("source"),
-        F.lit(None).cast("string").alias(ingest_readers.CTX),
-    ).where(F.trim(F.col(ingest_readers.RAW)) != "")
+        F.lit(None).cast("string").alias(ingest_rows.CTX),
+    ).where(F.trim(F.col(ingest_rows.RAW)) != "")
 
 
 def score_chains(
@@ -173,7 +173,7 @@ def _score(chains: DataFrame, settings: Settings, json_column: str | None, sourc
     held = tables.Held()
     try:
         on_error = settings.runtime.on_row_error
-        checked = held(ingest.check(raw_rows(chains, json_column, source), settings.ingest, on_error))
+        checked = held(ingest_rows.check(raw_rows(chains, json_column, source), settings.ingest, on_error))
         valid, rejected = ingest.transform(checked, settings.ingest, on_error)
         valid = held(valid)
         steps, contexts, steps_bad = links.steps(valid, settings, held)

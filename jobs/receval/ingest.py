@@ -8,8 +8,9 @@ candidates = inserted + already present + quarantined, and candidates = read + f
 fan-out made; a row that fails as a whole is one quarantined candidate).
 Producer presets (`ingest.preset`, jobs/receval/ingest_presets.py) add per-file facts (`_file`), the joined
 batch input (`_input`) and chat turns (`_chat`) to each row before the mapping reads it.
-The readers are jobs/receval/ingest_readers.py, the row validator jobs/receval/ingest_rows.py; this module is the
-stage: validation over the frame, the writes and the counts.
+The readers are jobs/receval/ingest_readers.py, the row validator (and `check`, the pandas UDF that runs it over
+the rows read) jobs/receval/ingest_rows.py; this module is the stage: the valid and the bad rows, the writes, the
+counts.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -26,29 +26,13 @@ from pyspark.sql.types import StructType
 from jobs.infra import tables
 from jobs.infra.config import Settings
 from jobs.infra.stage import Job, Stage, StageFailed
-from jobs.receval.ingest_readers import CTX, RAW, VALID_UTF8, ingest_files, read_raw
-from jobs.receval.ingest_rows import VALIDATED, validate_series
+from jobs.receval.ingest_readers import ingest_files, read_raw
+from jobs.receval.ingest_rows import POS, RAW, check
 from jobs.receval.settings import IngestSettings
 from schemas import chains as C
 from schemas import quarantine as Q
 
 log = logging.getLogger(__spec__.name)
-
-POS = "pos"  # a candidate's index among its row's candidates: 0 marks one row read
-
-
-def check(raw: DataFrame, cfg: IngestSettings, on_error: str = "quarantine") -> DataFrame:
-    """(raw, source[, ctx]) rows -> one row per candidate chain: + `pos` (0 for a row's first) and `v`, the
-    validator's verdict (record, error, detail, chain_id, replaced)."""
-
-    def _validate(batch: pd.Series, ctx: pd.Series, valid_utf8: pd.Series) -> pd.Series:
-        return validate_series(batch, cfg, on_error, ctx, valid_utf8)
-
-    ctx = F.col(CTX) if CTX in raw.columns else F.lit(None).cast("string")
-    flag = F.col(VALID_UTF8) if VALID_UTF8 in raw.columns else F.lit(True)
-    verdicts = F.pandas_udf(_validate, VALIDATED)(F.col(RAW), ctx, flag)
-    keep = [c for c in raw.columns if c != CTX]
-    return raw.select(*keep, F.posexplode(verdicts).alias(POS, "v"))
 
 
 def transform(

@@ -20,16 +20,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.infra.config_paths import resolve_path
-from jobs.receval.ingest_rows import UNREADABLE
+from jobs.receval.ingest_rows import CTX, RAW, UNREADABLE, VALID_UTF8
 from jobs.receval.settings import IngestSettings
 
 log = logging.getLogger(__spec__.name)
-
-RAW = "raw"
-CTX = "ctx"  # per-row JSON object merged into the row before the mapping reads it (`_file`, `_input`)
-# read_raw's flag: false when the row's bytes were not valid UTF-8 (make_valid_utf8 put U+FFFD in their place).
-# A frame without it (one a caller built) is taken as valid text: a U+FFFD in it is a character.
-VALID_UTF8 = "raw_valid_utf8"
 
 
 def input_files(pattern: str) -> list[str]:

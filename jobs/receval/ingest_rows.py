@@ -1,9 +1,10 @@
 """Ingest's row validator: one raw row (JSON text) -> its candidate `chains` records, or a RowError each.
 
-Plain Python (pandas for the batch form, `validate_series`, which jobs/receval/ingest.py runs in a pandas UDF): the
-mapping (`ingest.mapping`, `udfs.paths` sources) reads the row, a fan-out (`outputs[*].text`) makes one candidate
-per element, every text is checked (type, size, U+FFFD per `ingest.replacement_char`, lone surrogates) and the
-record gets its content hash and chain id. The producer presets' reserved keys (`_file`, `_input`, `_chat`,
+Plain Python (`validate`, `validate_chains`; pandas for the batch form, `validate_series`), run over a frame of raw
+rows (RAW, CTX, VALID_UTF8: what jobs/receval/ingest_readers.py reads) in a pandas UDF by `check`: the mapping
+(`ingest.mapping`, `udfs.paths` sources) reads the row, a fan-out (`outputs[*].text`) makes one candidate per
+element, every text is checked (type, size, U+FFFD per `ingest.replacement_char`, lone surrogates) and the record
+gets its content hash and chain id. The producer presets' reserved keys (`_file`, `_input`, `_chat`,
 jobs/receval/ingest_presets.py) are merged into the row before the mapping reads it.
 """
 
@@ -15,6 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
 
 from jobs.receval.ingest_presets import (
@@ -28,6 +31,14 @@ from jobs.receval.settings import IngestSettings
 from schemas import chains as C
 from udfs.paths import PathError, Source, compile_source
 
+# The raw rows' columns (ingest_readers.read_raw makes them, api.raw_rows too): the row's JSON text, the per-row
+# context and the UTF-8 flag; `check` adds POS.
+RAW = "raw"
+CTX = "ctx"  # per-row JSON object merged into the row before the mapping reads it (`_file`, `_input`)
+POS = "pos"  # a candidate's index among its row's candidates: 0 marks one row read
+# read_raw's flag: false when the row's bytes were not valid UTF-8 (make_valid_utf8 put U+FFFD in their place).
+# A frame without it (one a caller built) is taken as valid text: a U+FFFD in it is a character.
+VALID_UTF8 = "raw_valid_utf8"
 REPLACEMENT_CHAR = "\ufffd"  # what make_valid_utf8 leaves for undecodable bytes; also a character in its own right
 # validate's record carries the count of texts that held a literal U+FFFD under this key (popped before writing).
 REPLACED = "_replacement_chars"
@@ -44,7 +55,7 @@ _VERDICT = StructType(
         StructField("replaced", IntegerType(), True),  # texts of a valid row that held a literal U+FFFD
     ]
 )
-VALIDATED = ArrayType(_VERDICT)  # one verdict per candidate chain of a row (several with a fan-out)
+_VALIDATED = ArrayType(_VERDICT)  # one verdict per candidate chain of a row (several with a fan-out)
 
 
 class RowError(ValueError):
@@ -394,3 +405,17 @@ def validate_series(
 
 def _safe(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def check(raw: DataFrame, cfg: IngestSettings, on_error: str = "quarantine") -> DataFrame:
+    """(raw, source[, ctx]) rows -> one row per candidate chain: + `pos` (0 for a row's first) and `v`, the
+    validator's verdict (record, error, detail, chain_id, replaced)."""
+
+    def _validate(batch: pd.Series, ctx: pd.Series, valid_utf8: pd.Series) -> pd.Series:
+        return validate_series(batch, cfg, on_error, ctx, valid_utf8)
+
+    ctx = F.col(CTX) if CTX in raw.columns else F.lit(None).cast("string")
+    flag = F.col(VALID_UTF8) if VALID_UTF8 in raw.columns else F.lit(True)
+    verdicts = F.pandas_udf(_validate, _VALIDATED)(F.col(RAW), ctx, flag)
+    keep = [c for c in raw.columns if c != CTX]
+    return raw.select(*keep, F.posexplode(verdicts).alias(POS, "v"))

@@ -32,7 +32,16 @@ from jobs.infra.progress import Progress, bar_wanted
 from jobs.infra.session import session_confs
 from jobs.infra.stage import Job, Stage, table_lines
 from jobs.infra.tracking import JobRun
-from jobs.receval import aggregate, curate, ingest, ingest_readers, input_files, score, scores_table
+from jobs.receval import (
+    aggregate,
+    curate,
+    ingest,
+    ingest_readers,
+    ingest_rows,
+    input_files,
+    score,
+    scores_table,
+)
 from jobs.receval import steps as steps_job
 from jobs.receval.night_summary import StageReport, Summary, label_scores, log_summary, print_summary
 from schemas import chains as C
@@ -428,7 +437,7 @@ def main(argv: list[str] | None = None, transforms: Transforms | None = None) ->
 
 def _new_chains(spark: SparkSession, settings: Settings) -> int:
     """Chains ingest would add: the input validated and compared with `chains`, nothing written."""
-    raw = ingest.check(ingest_readers.read_raw(spark, settings.ingest), settings.ingest, settings.runtime.on_row_error)
+    raw = ingest_rows.check(ingest_readers.read_raw(spark, settings.ingest), settings.ingest, settings.runtime.on_row_error)
     chains, _ = ingest.transform(raw, settings.ingest, settings.runtime.on_row_error)
     existing = tables.read(spark, settings.table("chains"), C.SCHEMA).select(C.CHAIN_ID)
     return chains.join(existing, C.CHAIN_ID, "left_anti").count()
