@@ -124,8 +124,10 @@ def test_progress_shows_finished_tasks_of_a_batch_before_its_counted_frame_finis
         progress.commit(3)
     # The batch's tasks: range's 2, the 6 model tasks (two at a time), the counted one after the shuffle.
     assert final_tasks is not None and final_tasks >= 2 + 6 + 1
-    # The model tasks end pair by pair: at least three distinct counts inside the one batch, before its end ...
-    assert len({t for t in during if t is not None and 0 < t < final_tasks}) >= 3
+    # The model tasks end pair by pair: the count moves inside the one batch, before its end (two distinct counts
+    # at least: the listener bus that tells the tracker of ended tasks lags on a loaded machine, which read only
+    # 2 and 4 of 2, 4, 6, 8 once) ...
+    assert len({t for t in during if t is not None and 0 < t < final_tasks}) >= 2
     # ... while the unit count still stood at 0 for most of the batch (it moves when the counted frame's task ends).
     assert sum(1 for done, _ in seen if done == 0) > len(seen) // 2
     assert progress.tasks_finished is None  # committed: between batches again
