@@ -68,8 +68,12 @@ def main() -> None:
         aggregate.transform(good, settings.aggregate).count()
         scored.unpersist()
 
-    held_nli, held_pvi = nli.persist(), pvi.persist()
-    held_nli.count(), held_pvi.count()
+    def hold() -> None:  # untimed, after the nli and pvi parts: held before they ran, they only read the cache
+        nonlocal held_nli, held_pvi
+        held_nli, held_pvi = nli.persist(), pvi.persist()
+        held_nli.count(), held_pvi.count()
+
+    held_nli = held_pvi = None
     parts = {
         "nli": lambda: force(nli),
         "pvi": lambda: force(pvi),
@@ -79,6 +83,8 @@ def main() -> None:
     }
     times = {}
     for name, fn in parts.items():
+        if name.startswith("join"):
+            hold()
         best = float("inf")
         for _ in range(args.repeats):
             t0 = time.perf_counter()
