@@ -181,6 +181,16 @@ def load_settings(
     return load_settings_with_sources(config_file, overrides, environ)[0]
 
 
+def _profile_layer(folder: str, name: str, setting: str, noun: str) -> dict[str, Any]:
+    """conf/<folder>/<name>.yaml, the layer a profile setting (`profile`, `models.profile`) names; an unknown name
+    is a ConfigError that lists the known ones."""
+    path = CONF_DIR / folder / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError(f"{setting}: unknown {noun} {name!r} (no {path}; {noun}s: "
+                          f"{', '.join(_names(CONF_DIR / folder))})")
+    return _read_yaml(path, setting)
+
+
 def load_settings_with_sources(
     config_file: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
@@ -197,22 +207,14 @@ def load_settings_with_sources(
     layered = _read_yaml(conf_file("defaults.yaml"), "conf/defaults.yaml")
     sources.update(_layer_sources(layered, "conf/defaults.yaml"))
     profile = top.get("profile", layered.get("profile", "local"))
-    profile_file = CONF_DIR / "profiles" / f"{profile}.yaml"
-    if not profile_file.exists():
-        raise ConfigError(f"profile: unknown profile {profile!r} (no {profile_file}; profiles: "
-                          f"{', '.join(_names(CONF_DIR / 'profiles'))})")
-    profile_layer = _read_yaml(profile_file, "profile")
+    profile_layer = _profile_layer("profiles", profile, "profile", "profile")
     layered = deep_merge(layered, profile_layer)
     sources.update(_layer_sources(profile_layer, f"conf/profiles/{profile}.yaml"))
     models_profile = (
         top.get("models", {}).get("profile")
         or layered.get("models", {}).get("profile", "offline")
     )
-    models_file = CONF_DIR / "models" / f"{models_profile}.yaml"
-    if not models_file.exists():
-        raise ConfigError(f"models.profile: unknown model profile {models_profile!r} (no {models_file}; "
-                          f"model profiles: {', '.join(_names(CONF_DIR / 'models'))})")
-    models_layer = _read_yaml(models_file, "models.profile")
+    models_layer = _profile_layer("models", models_profile, "models.profile", "model profile")
     layered = deep_merge(layered, models_layer)
     sources.update(_layer_sources(models_layer, f"conf/models/{models_profile}.yaml"))
     layered = deep_merge(layered, top)
