@@ -105,7 +105,9 @@ def test_receval_pipeline_from_an_empty_folder_prints_the_make_run_summary(fresh
     assert f"Delta tables: {empty / 'lake'}" in night.stdout
     assert "MLflow: run " in night.stdout and f"sqlite:///{empty / 'mlruns.db'}" in night.stdout
 
-    # `make run` (python -m jobs.receval.pipeline in the checkout) on the same sample lake, its own lake and store.
+    # `make run` (python -m jobs.receval.pipeline in the checkout) on the same sample lake, its own lake and store;
+    # in one shuffle partition, as the other tests' sessions run (a third faster on 2 cores): a table's rows do not
+    # depend on it (test_cluster: another master, cores and partitioning, the same tables).
     reference = tmp_path / "reference"
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -113,7 +115,7 @@ def test_receval_pipeline_from_an_empty_folder_prints_the_make_run_summary(fresh
                        f"paths.checkpoints={reference / 'lake' / '_checkpoints'}", "--set",
                        f"mlflow.tracking_uri={sqlite_store(reference / 'mlruns.db')}", "--set",
                        f"mlflow.artifact_location={reference / 'mlartifacts'}", "--set", "models.profile=offline",
-                       "--set", "pipeline.progress=plain"])
+                       "--set", "pipeline.progress=plain", "--set", "spark.shuffle_partitions=1"])
     want_tables, want_labels = summary_blocks(out.getvalue())
     got_tables, got_labels = summary_blocks(night.stdout)
     assert got_tables == want_tables

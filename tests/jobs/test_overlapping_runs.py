@@ -148,7 +148,9 @@ def pair_on_new_lake(tmp_path_factory) -> Pair:
     stores = (root / "a" / "mlruns.db", root / "b" / "mlruns.db")
     logs = (root / "a.log", root / "b.log")
     started = time.monotonic()
-    procs = [_start(_argv(lake, lake_input, store, "pipeline.batch_chains=8"), log) for store, log in zip(stores, logs, strict=True)]
+    # One batch per stage: the claim is taken before the first and held to the end, whatever the batches.
+    procs = [_start(_argv(lake, lake_input, store, "pipeline.batch_chains=24"), log)
+             for store, log in zip(stores, logs, strict=True)]
     loser = None
     while loser is None:  # the loser leaves before its Spark starts: a few seconds
         loser = next((p for p in procs if p.poll() is not None), None)
@@ -249,9 +251,10 @@ def test_killed_nights_claim_is_taken_over_by_the_next_night(spark, tmp_path):
     lake = tmp_path / "lake"
     log = tmp_path / "killed.log"
     started = time.monotonic()
-    night = _start(_argv(lake, lake_input, tmp_path / "killed" / "mlruns.db", "pipeline.batch_chains=8"), log)
+    # Two batches per stage: killed after the first, the lake holds part of the night.
+    night = _start(_argv(lake, lake_input, tmp_path / "killed" / "mlruns.db", "pipeline.batch_chains=12"), log)
     try:
-        _until(log, "[pipeline] steps: batch 1/3 committed", night)
+        _until(log, "[pipeline] steps: batch 1/2 committed", night)
     finally:
         os.killpg(night.pid, signal.SIGKILL)  # no cleanup of any kind: the claim stays as it was
         night.wait()
@@ -260,7 +263,7 @@ def test_killed_nights_claim_is_taken_over_by_the_next_night(spark, tmp_path):
     assert 0 < tables.read(spark, str(lake / "contexts")).count() < 24
 
     out = io.StringIO()
-    argv = _argv(lake, lake_input, tmp_path / "next" / "mlruns.db", "pipeline.batch_chains=8")
+    argv = _argv(lake, lake_input, tmp_path / "next" / "mlruns.db", "pipeline.batch_chains=12")
     with contextlib.redirect_stderr(out), contextlib.redirect_stdout(out):
         summary = pipeline.main(argv, transforms=Fakes().transforms())
     print(f"\n[overlap] killed night + the night that took over: {time.monotonic() - started:.0f} s")

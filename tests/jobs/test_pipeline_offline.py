@@ -83,6 +83,13 @@ def test_scores_progress_counts_the_model_inputs_with_a_rate(offline_run):
         assert found and int(found[1].replace(",", "")) > 24 and float(found[2]) > 0, line
 
 
+# Manual: 236-304 s of the slow set's CI time. What it combines is checked in CI by three tests: a SIGKILLed
+# night (driver and JVM) leaves a lake the next night finishes whole (test_overlapping_runs.py::
+# test_killed_nights_claim_is_taken_over_by_the_next_night), a night that dies mid-scoring and is rerun equals a
+# clean run (test_pipeline.py::test_run_raising_mid_scoring_then_rerun_equals_clean_run), and the real models'
+# scores do not depend on the batches a night cut them into (test_api_score_chains_equals_the_pipelines_tables
+# below: two batches against one) nor on a lost executor (test_cluster.py's worker kill).
+@pytest.mark.manual
 def test_main_killed_driver_then_rerun_equals_clean_run(spark, offline_run, tmp_path):
     killed_lake = tmp_path / "killed"
     argv = _real_argv(killed_lake, tmp_path, offline_run.input)
