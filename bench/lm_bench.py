@@ -122,7 +122,7 @@ def main(argv=None) -> None:
 
     from jobs.infra.config_layers import load_settings
     from jobs.infra.tiny_models import build_gpt2
-    from udfs import loglik, runtime
+    from udfs import loglik_batches, runtime
 
     tmp = Path(tempfile.mkdtemp(prefix="lm_bench_"))
     model_dir = build_gpt2(tmp / "gpt2-bench", d_model=args.d_model, layers=args.layers, heads=8, vocab=600)
@@ -141,7 +141,7 @@ def main(argv=None) -> None:
     raw(model, tok, pairs[:64], args.batch_size, device, args.max_batch_tokens)  # warm-up
     # Positions run (padding excluded): the work each path does. Their ratio bounds the speed-up wherever both
     # run their forwards equally efficiently (as batch 1 and batched rows of ~100 tokens do on a CPU).
-    need_work, off_work = loglik.Stats(), loglik.Stats()
+    need_work, off_work = loglik_batches.Stats(), loglik_batches.Stats()
     t_raw = raw(model, tok, pairs, args.batch_size, device, args.max_batch_tokens, need_work)
     print(f"raw batched: {t_raw:.1f}s, {need_work.positions} positions in {need_work.forwards} forwards")
     t_off = official(model, tok, chains, device, off_work)

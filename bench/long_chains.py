@@ -214,11 +214,15 @@ def lm_positions(settings, chains: list[dict]) -> dict[str, int]:
         if ref.family != "causal" or not settings.runtime.share_prefix:
             out[role] = sum(e.length for e in encoded)
             continue
-        groups, single = loglik.share_prefixes(encoded)
-        if hasattr(loglik, "pack"):  # one packed pass per group
-            shared = sum(len(loglik.pack(encoded, g).ids) for g in groups)
+        try:  # the grouping and packing have their own module since issue 57; before, they were loglik's
+            from udfs import prefix_sharing as sharing
+        except ImportError:
+            sharing = loglik
+        groups, single = sharing.share_prefixes(encoded)
+        if hasattr(sharing, "pack"):  # one packed pass per group
+            shared = sum(len(sharing.pack(encoded, g).ids) for g in groups)
         else:  # before: groups over a sliding window scored alone
-            kept = loglik.within_window(model, encoded, groups)
+            kept = sharing.within_window(model, encoded, groups)
             shared = sum(len(g.context) + sum(encoded[i].length - v - 1 for i, v in g.rows if encoded[i].target_ids)
                          for g in kept)
             single = [*single, *(i for g in groups if g not in kept for i, _ in g.rows)]

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from jobs.infra.args import add_settings_arguments  # noqa: E402
 from jobs.infra.config_layers import load_settings  # noqa: E402
-from jobs.training import train_nli  # noqa: E402
+from jobs.training import nli_pairs, train_nli  # noqa: E402
 from jobs.training.train_nli import planned_steps  # noqa: E402
 
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
     settings = load_settings(a.config, ["runtime.device=cpu", *a.overrides])
     cfg = settings.train_nli
-    pairs, _ = train_nli.load_all(settings)  # the recipe's own training pairs
+    pairs, _ = nli_pairs.load_all(settings)  # the recipe's own training pairs
     steps = planned_steps(len(pairs), cfg)
     times: dict[str, list[float]] = {e: [] for e in a.encoders.split(",")}
     for _ in range(a.rounds):

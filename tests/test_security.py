@@ -148,17 +148,17 @@ def test_project_code_evaluates_no_untrusted_text():
 
 
 def test_cot_templates_render_data_as_text():
-    from jobs.cot import data as cot_data
-    env = cot_data._environment(0)
-    template = cot_data.PromptTemplate("t", "Q: {{ question }} ||| {{ answer }}", None)
+    from jobs.cot import p3 as cot_p3
+    env = cot_p3._environment(0)
+    template = cot_p3.PromptTemplate("t", "Q: {{ question }} ||| {{ answer }}", None)
     hostile = "{{ 7*7 }} {% for x in range(3) %}x{% endfor %} {{ ''.__class__.__mro__ }}"
-    prompt, target, _ = cot_data.render(env, template, {"question": hostile, "answer": "yes"})
+    prompt, target, _ = cot_p3.render(env, template, {"question": hostile, "answer": "yes"})
     assert prompt == f"Q: {hostile}"
     assert target == "yes"
     # Templates themselves come from files; even so the sandbox refuses to reach Python internals.
-    escape = cot_data.PromptTemplate("t", "{{ ''.__class__.__mro__[1].__subclasses__() }}", None)
+    escape = cot_p3.PromptTemplate("t", "{{ ''.__class__.__mro__[1].__subclasses__() }}", None)
     with pytest.raises(Exception, match="(?i)unsafe|not safely|access"):
-        cot_data.render(env, escape, {})
+        cot_p3.render(env, escape, {})
 
 
 # -- paths from config --------------------------------------------------------------------------------

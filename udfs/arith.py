@@ -2,6 +2,11 @@
 exactly (fractions.Fraction) and compared at the precision the claim is written at. Pure Python: no Spark, no
 model, no eval() (a tokenizer, a recursive-descent parser and an evaluator over its tree).
 
+One concern, one file (1,000+ lines): the model-free arithmetic check behind `arith_valid` / `arith_errors`, with
+`check_step` its one entry point. Its four stages (tokens, contextual resolution, exact evaluation, claims) share
+one token vocabulary (NUM, LP, UNIT, BREAK, ...) and decide together what is a claim: a reading rule in one is
+tuned against the others on one test set (tests/udfs/test_arith.py), and no stage is used on its own by the jobs.
+
 What is read
   Plain text and LaTeX in one pass (math delimiters `\\( \\)`, `\\[ \\]`, `$ $`, `$$ $$` end a run of math like
   punctuation; `$` before a digit is a currency sign): numbers with thousands separators (`14,000`, `14{,}000`),

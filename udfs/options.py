@@ -30,22 +30,11 @@ from typing import Any
 import pandas as pd
 import torch
 
-from udfs.loglik import (
-    IGNORE,
-    Encoded,
-    PrefixGroup,
-    _start_id,
-    causal_ids,
-    causal_prefix,
-    cut_left,
-    decoder_start_id,
-    logprob_sums,
-    pad_id,
-    select_cache,
-    token_logprobs,
-)
+from udfs.loglik import _start_id, causal_ids, causal_prefix, cut_left, logprob_sums, pad_id
 from udfs.loglik import score as loglik_score
+from udfs.loglik_batches import IGNORE, Encoded, decoder_start_id, token_logprobs
 from udfs.model_udf import model_udf, narrowed
+from udfs.prefix_sharing import PrefixGroup, select_cache
 from udfs.runtime import length_batches
 
 
@@ -192,7 +181,7 @@ def _seq2seq(
 ) -> list[list[float]]:
     from transformers.modeling_outputs import BaseModelOutput
 
-    from udfs.loglik import _decoder_inputs
+    from udfs.loglik_batches import _decoder_inputs
 
     pad = pad_id(tokenizer)
     sums: list[list[float]] = [[0.0] * len(e.options) for e in examples]

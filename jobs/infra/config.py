@@ -110,7 +110,7 @@ class MlflowSettings(Section):
 
 
 def registered_model_names() -> list[str]:
-    """The names of conf/model_registry.yaml (jobs.infra.models), read without validating the entries."""
+    """The names of conf/model_registry.yaml (jobs.infra.model_registry), read without validating the entries."""
     raw = yaml.safe_load(conf_file("model_registry.yaml").read_text()) or {}
     return list((raw.get("models") or {}) if isinstance(raw, dict) else {})
 

@@ -10,7 +10,7 @@ step i"; meanlogp = mean natural-log probability of the target tokens, EOS exclu
 - info: L(k) = meanlogp(" " + a_hat | " " + " ".join(s(1..k)) + " Therefore,"), L(0) with " Therefore,",
         for k = 0..n: n+1 passes, not 2n; info_gain(i) = L(i) - L(i-1). With a causal LM and
         runtime.share_prefix the n+1 passes share their prefix " s(1) ... s(k)", which the scorer runs once
-        (udfs.loglik.share_prefixes); so do the g' passes (one constant source).
+        (udfs.prefix_sharing.share_prefixes); so do the g' passes (one constant source).
 The request strings come from one plain-Python function (`udfs.pvi_prompts.chain_requests`) shared with the
 training job and the benchmark. All requests are deduplicated across the whole input before any model runs.
 Every source and target is scored whole up to each model's own position limit (udfs.loglik.position_limit;

@@ -36,7 +36,7 @@ from jobs.infra.stage import Job, Stage
 from jobs.receval.settings import StepsSettings
 from schemas import chains as C
 from schemas import steps as S
-from udfs import rcu, rcu_clauses
+from udfs import rcu, rcu_clauses, rcu_math
 
 log = logging.getLogger(__spec__.name)
 
@@ -193,7 +193,7 @@ def _plan(record: dict[str, Any], opts: Options) -> tuple[list[Planned], list[st
 
 
 def _steps_of(
-    plan: list[Planned], docs: list[tuple[Any, rcu.Masked]], units_of, opts: Options
+    plan: list[Planned], docs: list[tuple[Any, rcu_math.Masked]], units_of, opts: Options
 ) -> list[dict[str, Any]]:
     """One dict per step; `docs` holds the parses (of the math-masked texts, with their masks) of the planned steps
     without given units, in order. Units are found on the masked text and handed on in the original's characters."""
@@ -209,7 +209,7 @@ def _steps_of(
         doc, mask = next(parsed)
         units = rcu.sentence_spans(doc) if split else [doc]
         for unit in units:
-            step_text, at = rcu.restored_span(mask, unit)
+            step_text, at = rcu_math.restored_span(mask, unit)
             base = unit.start_char if hasattr(unit, "start_char") else 0
             found = []
             for u in units_of(unit) if step_text else []:
@@ -246,8 +246,8 @@ def explode_records(records: list[dict[str, Any]], opts: Options) -> list[dict[s
             plans.append(err)
         except Exception as err:  # a planning bug must quarantine the chain, not fail the night
             plans.append(ChainError("steps_error", f"{type(err).__name__}: {err}"))
-    masks = [rcu.mask_math(t) for t in texts]
-    docs = zip(rcu.parse_masked(nlp, masks, opts.batch_size), masks, strict=True)
+    masks = [rcu_math.mask_math(t) for t in texts]
+    docs = zip(rcu_math.parse_masked(nlp, masks, opts.batch_size), masks, strict=True)
     out = []
     for rec, planned in zip(records, plans, strict=True):
         row: dict[str, Any] = {C.CHAIN_ID: rec.get(C.CHAIN_ID)}
@@ -259,7 +259,7 @@ def explode_records(records: list[dict[str, Any]], opts: Options) -> list[dict[s
         ctx_docs = [next(docs) for _ in ctx]
         try:
             steps = _steps_of(plan, step_docs, units_of, opts)
-            sentences = [rcu.restored_span(m, s)[0] for d, m in ctx_docs for s in rcu.sentence_spans(d)]
+            sentences = [rcu_math.restored_span(m, s)[0] for d, m in ctx_docs for s in rcu.sentence_spans(d)]
             chain_text = rec.get(C.CHAIN_TEXT) or "\n".join(rec.get(C.STEPS) or [])
             answer, rule = rcu.derive_answer(
                 rec.get(C.ANSWER), chain_text, steps[-1][S.CONCLUSION_RCU], opts.indicators

@@ -9,6 +9,7 @@ import pytest
 from jinja2.exceptions import SecurityError
 
 from jobs.cot import data as D
+from jobs.cot import p3 as P3
 from jobs.cot.settings import CotSettings
 from jobs.infra.config_paths import PROJECT_ROOT, resolve_path
 from schemas import cot as S
@@ -25,7 +26,7 @@ def bbh():
 
 @pytest.fixture(scope="module")
 def p3():
-    rows, skipped = D.load_p3(ROOT, TEMPLATES, LISTING, list(D.P3_RECORDS))
+    rows, skipped = P3.load_p3(ROOT, TEMPLATES, LISTING, list(P3.P3_RECORDS))
     return rows, skipped
 
 
@@ -125,15 +126,15 @@ def test_load_p3_renders_promptsource_templates(p3):
 
 @pytest.mark.dataset("p3_heldout")
 def test_records_rebuild_hf_fields():
-    copa = D.copa_records(ROOT)
+    copa = P3.copa_records(ROOT)
     assert copa[0] == {"idx": 0, "premise": "The man turned on the faucet.", "question": "effect",
                        "choice1": "The toilet filled with water.", "choice2": "Water flowed from the spout.",
                        "label": 1}  # fmt: skip
     assert Counter(r["question"] for r in copa) == {"effect": 48, "cause": 52}
-    wino = D.winogrande_records(ROOT)
+    wino = P3.winogrande_records(ROOT)
     assert wino[2]["sentence"] == "They were worried the wine would ruin the bed and the blanket, but the _ was't ruined."
     assert (wino[2]["option1"], wino[2]["option2"]) == ("blanket", "bed")
-    wsc = D.wsc_records(ROOT)
+    wsc = P3.wsc_records(ROOT)
     fixed = next(r for r in wsc if r["idx"] == 42)  # upstream span2_index 30 points at "use", "it" is at 31
     assert fixed["span2_index"] == 31 and fixed["text"].split(" ")[31] == "it"
 
@@ -147,14 +148,14 @@ def test_records_rebuild_hf_fields():
     ],
 )
 def test_detokenize(raw, clean):
-    assert D.detokenize(raw) == clean
+    assert P3.detokenize(raw) == clean
 
 
 def test_render_is_sandboxed():
-    env = D._environment(0)
-    evil = D.PromptTemplate("evil", "{{ ''.__class__.__mro__[1].__subclasses__() }}", None)
+    env = P3._environment(0)
+    evil = P3.PromptTemplate("evil", "{{ ''.__class__.__mro__[1].__subclasses__() }}", None)
     with pytest.raises(SecurityError):
-        D.render(env, evil, {})
+        P3.render(env, evil, {})
 
 
 def test_load_custom_keeps_valid_rows_and_rejects_the_rest(tmp_path):
@@ -201,7 +202,7 @@ def test_load_p3_template_that_does_not_render_is_refused_by_name(tmp_path):
     )
     (tmp_path / "list.yaml").write_text("rte:\n  file: rte.yaml\n  templates:\n  - broken one\n")
     with pytest.raises(D.DataError, match=r"p3/rte/broken one example 0: the template does not render: .*no_such_field"):
-        D.load_p3(ROOT, tmp_path, tmp_path / "list.yaml", ["rte"])
+        P3.load_p3(ROOT, tmp_path, tmp_path / "list.yaml", ["rte"])
 
 
 def test_load_custom_rejects_an_example_with_an_empty_option_list(tmp_path):
@@ -230,8 +231,8 @@ def test_seeded_choice_per_task_is_seeded_and_in_file_order():
 
 @pytest.mark.dataset("p3_heldout")
 def test_load_p3_first_templates_per_task():
-    rows, _ = D.load_p3(ROOT, TEMPLATES, LISTING, ["rte", "cb"], templates_per_task=2)
+    rows, _ = P3.load_p3(ROOT, TEMPLATES, LISTING, ["rte", "cb"], templates_per_task=2)
     names = {(r[S.TASK], r[S.TEMPLATE]) for r in rows}
-    listing = {t: [x.name for x in D.load_templates(TEMPLATES, LISTING, D.P3_TEMPLATE_KEY[t])][:2] for t in ("rte", "cb")}
+    listing = {t: [x.name for x in P3.load_templates(TEMPLATES, LISTING, P3.P3_TEMPLATE_KEY[t])][:2] for t in ("rte", "cb")}
     assert names == {(t, n) for t, ns in listing.items() for n in ns}
     assert len(rows) == 277 * 2 + 56 * 2

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jobs.training import nli_pairs as P
 from jobs.training import train_nli as T
 from jobs.training.settings import TrainNliSettings
 from udfs import nli
@@ -58,7 +59,7 @@ def test_load_source_maps_labels_by_name_and_keeps_the_test_split_apart(tmp_path
     path = write_tsv(tmp_path / "toy.tsv", rows)
     s = settings_for(make_settings, {"toy": toy_source(path, split_field="part", train_values=["TRAIN", "TRIAL"],
                                                        test_values=["TEST"])}, tmp_path)
-    train, test = T.load_source("toy", s.train_nli.sources["toy"], s)
+    train, test = P.load_source("toy", s.train_nli.sources["toy"], s)
     assert train.premises == ["a cat sits", "a cat sits"] and train.hypotheses == ["an animal sits", "a dog sits"]
     assert [T.NLI_LABELS[y] for y in train.labels] == ["entailment", "neutral"]
     assert test.source == "toy:test" and [T.NLI_LABELS[y] for y in test.labels] == ["contradiction"]
@@ -67,12 +68,12 @@ def test_load_source_maps_labels_by_name_and_keeps_the_test_split_apart(tmp_path
 
 
 def test_split_is_seeded_and_per_source():
-    pairs = T.Pairs("p", [str(i) for i in range(50)], [str(i) for i in range(50)], [0] * 50)
-    kept, out = T.split(pairs, 0.1, seed=0)
-    again = T.split(pairs, 0.1, seed=0)[1]
+    pairs = P.Pairs("p", [str(i) for i in range(50)], [str(i) for i in range(50)], [0] * 50)
+    kept, out = P.split(pairs, 0.1, seed=0)
+    again = P.split(pairs, 0.1, seed=0)[1]
     assert len(out) == 5 and len(kept) == 45 and out.premises == again.premises
     assert set(out.premises).isdisjoint(kept.premises)
-    assert T.split(pairs, 0.1, seed=1)[1].premises != out.premises
+    assert P.split(pairs, 0.1, seed=1)[1].premises != out.premises
 
 
 @pytest.mark.parametrize(
@@ -99,7 +100,7 @@ def test_bad_input_fails_before_training_naming_file_and_problem(tmp_path, make_
         with pytest.raises(AssertionError, match="trained"):
             T.run(s)
         return
-    with pytest.raises(T.BadTrainingInput, match=problem) as err:
+    with pytest.raises(P.BadTrainingInput, match=problem) as err:
         T.run(s)
     assert str(path) in str(err.value)
     assert not (tmp_path / "nli-out").exists()
@@ -107,13 +108,13 @@ def test_bad_input_fails_before_training_naming_file_and_problem(tmp_path, make_
 
 def test_missing_file_says_how_to_fetch_and_unlabelled_needs_a_teacher(tmp_path, make_settings):
     s = settings_for(make_settings, {"toy": toy_source(tmp_path / "nope.tsv", dataset="sick")}, tmp_path)
-    with pytest.raises(T.BadTrainingInput, match=r"nope.tsv: source 'toy' file not found \(python -m jobs.infra.data "
+    with pytest.raises(P.BadTrainingInput, match=r"nope.tsv: source 'toy' file not found \(python -m jobs.infra.data "
                                                  r"fetch sick\)"):
-        T.load_all(s)
+        P.load_all(s)
     path = write_tsv(tmp_path / "unlabelled.tsv", [("a", "b", "", "")])
     s = settings_for(make_settings, {"toy": toy_source(path, label=None)}, tmp_path)
-    with pytest.raises(T.BadTrainingInput, match="unlabelled pairs need train_nli.teacher"):
-        T.load_all(s)
+    with pytest.raises(P.BadTrainingInput, match="unlabelled pairs need train_nli.teacher"):
+        P.load_all(s)
 
 
 @pytest.mark.parametrize("where", ["data/receval/entailment_bank/task_1/train.jsonl", "data/roscoe/annotated/x.csv",
@@ -126,11 +127,11 @@ def test_refuses_entailment_bank_and_roscoe_before_any_run(tmp_path, make_settin
     path.parent.mkdir(parents=True, exist_ok=True)
     write_tsv(path, [("a", "b", "ENT", "")])
     s = settings_for(make_settings, {"toy": toy_source(path)}, tmp_path, *extra)
-    with pytest.raises(T.BadTrainingInput, match="refused, this is EntailmentBank or ROSCOE data"):
-        T.load_all(s)
+    with pytest.raises(P.BadTrainingInput, match="refused, this is EntailmentBank or ROSCOE data"):
+        P.load_all(s)
     overrides = [f"train_nli.sources={json.dumps({'toy': toy_source(path)})}", "train_nli.use=[toy]",
                  f"mlflow.tracking_uri=sqlite:///{tmp_path}/refused.db", *extra]
-    with pytest.raises(T.BadTrainingInput, match="refused"):
+    with pytest.raises(P.BadTrainingInput, match="refused"):
         T.main([f"--set={o}" for o in overrides])
     assert not (tmp_path / "refused.db").exists()  # refused before an MLflow run was opened
 
@@ -138,7 +139,7 @@ def test_refuses_entailment_bank_and_roscoe_before_any_run(tmp_path, make_settin
 # --- training (tiny models) ---------------------------------------------------------------------------------------
 
 
-def gold_probability(folder: Path, pairs: T.Pairs) -> float:
+def gold_probability(folder: Path, pairs: P.Pairs) -> float:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     model = AutoModelForSequenceClassification.from_pretrained(folder, use_safetensors=True)
@@ -147,8 +148,8 @@ def gold_probability(folder: Path, pairs: T.Pairs) -> float:
 
 
 def test_training_moves_predictions_toward_the_labels(tiny_models, tmp_path):
-    pairs = T.Pairs("toy", [p for p, _, _ in LABELLED], [h for _, h, _ in LABELLED],
-                    [T.LABEL2ID[{"ENT": "entailment", "NEU": "neutral", "CON": "contradiction"}[y]] for *_, y in LABELLED])
+    pairs = P.Pairs("toy", [p for p, _, _ in LABELLED], [h for _, h, _ in LABELLED],
+                    [P.LABEL2ID[{"ENT": "entailment", "NEU": "neutral", "CON": "contradiction"}[y]] for *_, y in LABELLED])
     base = tiny_models["tiny-nli"]  # label2id {"NEUTRAL": 0, "Contradiction": 1, "entailment": 2}: kept, read by name
     cfg = TrainNliSettings(base_model=str(base), epochs=15, batch_size=8, lr=3e-3, warmup=0, max_length=64)
     out = tmp_path / "trained"
@@ -180,7 +181,7 @@ def test_distillation_moves_the_student_toward_the_teacher(tiny_models, spread_n
     from udfs.runtime import load_model
 
     # Unlabelled pairs (any pair file): only the teacher's probabilities teach.
-    pairs = T.Pairs("lake", [p for p, _, _ in LABELLED], [h for _, h, _ in LABELLED], [T.NO_LABEL] * len(LABELLED))
+    pairs = P.Pairs("lake", [p for p, _, _ in LABELLED], [h for _, h, _ in LABELLED], [P.NO_LABEL] * len(LABELLED))
     cfg = TrainNliSettings(base_model=str(tiny_models["tiny-nli"]), teacher=str(spread_nli), epochs=15, batch_size=8,
                            lr=3e-3, warmup=0, max_length=64)
     soft = T.teacher_probs(cfg, pairs, "cpu")
@@ -231,7 +232,7 @@ def test_main_writes_card_and_logs_metrics_and_model(tiny_models, tmp_path, make
 def test_two_way_accuracy_counts_entailment_against_the_rest():
     # labels: entailment 0, neutral 1, contradiction 2; a 2-way source's negatives are read as neutral
     probs = np.array([[0.8, 0.1, 0.1], [0.1, 0.1, 0.8], [0.2, 0.7, 0.1], [0.1, 0.8, 0.1]])
-    pairs = T.Pairs("scitail", ["p"] * 4, ["h"] * 4, [0, 1, 1, 0])
+    pairs = P.Pairs("scitail", ["p"] * 4, ["h"] * 4, [0, 1, 1, 0])
     # 3-way: right on rows 0 and 2 only; 2-way: a contradiction predicted for a not-entailment gold is right too
     assert T.accuracy(probs, pairs) == pytest.approx(2 / 4)
     assert T.accuracy(probs, pairs, two_way=True) == pytest.approx(3 / 4)
@@ -249,7 +250,7 @@ def test_every_registered_source_reads_with_its_labels(make_settings):
         "sick": (9840, None),
     }
     for name, (rows, mix) in expected.items():
-        train, test = T.load_source(name, s.train_nli.sources[name], s)
+        train, test = P.load_source(name, s.train_nli.sources[name], s)
         assert len(train) + len(test) == rows, name
         if mix is not None:
             got = {T.NLI_LABELS[y]: n for y, n in zip(*np.unique(train.labels, return_counts=True), strict=True)}

@@ -11,7 +11,7 @@ from bos_tokenizer import with_bos
 from pyspark import cloudpickle
 from tolerance import loglik_approx
 
-from udfs import loglik
+from udfs import loglik, loglik_batches, prefix_sharing
 
 # The fake scorer factories below run in Spark's Python workers, which cannot import this test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -213,7 +213,7 @@ def test_share_prefixes_groups_a_chains_passes_on_their_own_token_ids(gpt2):
     _, tok = gpt2
     sources, targets = _chain_pairs()
     encoded = loglik.encode_pairs(tok, "causal", sources, targets, 512)
-    groups, alone = loglik.share_prefixes(encoded)
+    groups, alone = prefix_sharing.share_prefixes(encoded)
     ig = [i for i, s in enumerate(sources) if s.endswith("Therefore,") and s != " Therefore,"]
     null = [i for i, s in enumerate(sources) if s.endswith("None ->")]
     assert sorted(sorted(i for i, _ in g.rows) for g in groups) == sorted([sorted(ig), null])
@@ -224,7 +224,7 @@ def test_share_prefixes_groups_a_chains_passes_on_their_own_token_ids(gpt2):
             # The cached part is the pair's own tokenisation: context[:visible] + its own rest == its source.
             assert g.context[:visible] + ids[visible:] == ids
             assert 1 <= visible < len(ids)
-            assert visible == loglik.common_prefix(ids, max((tok(sources[j], add_special_tokens=False)["input_ids"]
+            assert visible == prefix_sharing.common_prefix(ids, max((tok(sources[j], add_special_tokens=False)["input_ids"]
                                                             for j, _ in g.rows), key=len)) - 1
 
 
@@ -258,15 +258,15 @@ def test_shared_prefix_with_a_sliding_window_equals_separate_scoring(gpt2, windo
     (shared regardless, these passes scored up to 1% apart)."""
     _, tok = gpt2
     model = _sliding(tok, window)
-    assert loglik.sliding_window(model) == window
+    assert prefix_sharing.sliding_window(model) == window
     sources, targets = _window_pairs()
-    alone, shared = loglik.Stats(), loglik.Stats()
+    alone, shared = loglik_batches.Stats(), loglik_batches.Stats()
     want = loglik.score(model, tok, "causal", sources, targets, batch_size, padding_side="left", stats=alone)
     got = loglik.score(model, tok, "causal", sources, targets, batch_size, share_prefix=True, stats=shared)
     for g, w in zip(got, want, strict=True):
         assert g.sum_logprob == loglik_approx(w.sum_logprob)
     encoded = loglik.encode_pairs(tok, "causal", sources, targets, loglik.effective_limit(None, model, tok))
-    groups, single = loglik.share_prefixes(encoded)
+    groups, single = prefix_sharing.share_prefixes(encoded)
     assert len(groups) == 2
     # Hand count: each context once, each row its source after the visible part plus its target but the last.
     packed = sum(len(g.context) + sum(encoded[i].length - v - 1 for i, v in g.rows if encoded[i].target_ids)
@@ -293,11 +293,11 @@ def test_one_pass_information_gain_equals_the_unbatched_reference_past_the_windo
     _, tok = gpt2
     model = _sliding(tok, 16)
     sources, targets = _long_chain(40)
-    stats = loglik.Stats()
+    stats = loglik_batches.Stats()
     got = loglik.score(model, tok, "causal", sources, targets, 8, share_prefix=True, stats=stats, max_tokens=max_tokens)
     encoded = loglik.encode_pairs(tok, "causal", sources, targets, None)
     assert max(e.length for e in encoded) > 10 * 16
-    groups, single = loglik.share_prefixes(encoded)
+    groups, single = prefix_sharing.share_prefixes(encoded)
     assert len(groups) == 1 and len(groups[0].rows) == len(sources) - 1 and stats.forwards == 1 + bool(single)
     # linear: the chain's tokens once plus n short rows, against the n+1 prefixes of separate passes
     assert stats.positions < sum(e.length for e in encoded) / 10
@@ -337,7 +337,7 @@ def test_packed_masks_hand_values():
     segment = torch.tensor([[0, 0, 0, 1, 1, 2, -1]])
     visible = torch.tensor([[1, 2, 3, 2, 2, 1, 0]])
     positions = torch.tensor([[0, 1, 2, 2, 3, 1, 0]])
-    full, sliding = loglik.packed_masks(segment, visible, positions, window=2)
+    full, sliding = prefix_sharing.packed_masks(segment, visible, positions, window=2)
     want = torch.tensor([
         [1, 0, 0, 0, 0, 0, 0],
         [1, 1, 0, 0, 0, 0, 0],
@@ -352,7 +352,7 @@ def test_packed_masks_hand_values():
     near = torch.tensor([[1, 0, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0], [0, 1, 1, 0, 0, 0, 0], [0, 1, 0, 1, 0, 0, 0],
                          [0, 0, 0, 1, 1, 0, 0], [1, 0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 0, 1]], dtype=torch.bool)
     assert torch.equal(sliding[0, 0], near)
-    block, _ = loglik.packed_masks(segment, visible, positions, None, 3, 5)  # queries 3..4 over keys 0..4
+    block, _ = prefix_sharing.packed_masks(segment, visible, positions, None, 3, 5)  # queries 3..4 over keys 0..4
     assert torch.equal(block[0, 0], want[3:5, :5])
 
 
@@ -361,8 +361,8 @@ def test_pack_puts_each_row_after_its_shared_prefix_and_reach_counts_the_rows_be
     shares 4 (its row runs 21). Each row sits right after the context token where its prefix ends; a sliding
     layer of window 2 then reaches back at most 3 packed tokens (context position 3 to position 2, across
     pair 0's row)."""
-    encoded = [loglik.Encoded([10, 11, 12, 20], [30, 31], False), loglik.Encoded([10, 11, 12, 13, 21], [32], False)]
-    p = loglik.pack(encoded, loglik.PrefixGroup([10, 11, 12, 13], [(0, 3), (1, 4)]))
+    encoded = [loglik_batches.Encoded([10, 11, 12, 20], [30, 31], False), loglik_batches.Encoded([10, 11, 12, 13, 21], [32], False)]
+    p = prefix_sharing.pack(encoded, prefix_sharing.PrefixGroup([10, 11, 12, 13], [(0, 3), (1, 4)]))
     assert p.ids == [10, 11, 12, 20, 30, 13, 21]
     assert p.positions == [0, 1, 2, 3, 4, 3, 4]
     assert p.segment == [0, 0, 0, 1, 1, 0, 2]
@@ -386,22 +386,22 @@ def test_sliding_window_reads_the_config():
     def model(**config):
         return type("M", (), {"config": type("C", (), config)()})()
 
-    assert loglik.sliding_window(model(sliding_window=512, layer_types=["sliding_attention", "full_attention"])) == 512
-    assert loglik.sliding_window(model(sliding_window=512, layer_types=["full_attention"])) is None
-    assert loglik.sliding_window(model(sliding_window=None, use_sliding_window=False)) is None  # Qwen2.5
-    assert loglik.sliding_window(model(sliding_window=4096, use_sliding_window=False)) is None
-    assert loglik.sliding_window(model(sliding_window=4096)) == 4096  # Mistral: every layer slides
-    assert loglik.sliding_window(model(n_positions=1024)) is None  # GPT-2
+    assert prefix_sharing.sliding_window(model(sliding_window=512, layer_types=["sliding_attention", "full_attention"])) == 512
+    assert prefix_sharing.sliding_window(model(sliding_window=512, layer_types=["full_attention"])) is None
+    assert prefix_sharing.sliding_window(model(sliding_window=None, use_sliding_window=False)) is None  # Qwen2.5
+    assert prefix_sharing.sliding_window(model(sliding_window=4096, use_sliding_window=False)) is None
+    assert prefix_sharing.sliding_window(model(sliding_window=4096)) == 4096  # Mistral: every layer slides
+    assert prefix_sharing.sliding_window(model(n_positions=1024)) is None  # GPT-2
 
 
 def test_shared_prefix_runs_fewer_token_positions(gpt2):
     model, tok = gpt2
     sources, targets = _chain_pairs()
-    alone, shared = loglik.Stats(), loglik.Stats()
+    alone, shared = loglik_batches.Stats(), loglik_batches.Stats()
     loglik.score(model, tok, "causal", sources, targets, batch_size=64, stats=alone)
     loglik.score(model, tok, "causal", sources, targets, batch_size=64, share_prefix=True, stats=shared)
     encoded = loglik.encode_pairs(tok, "causal", sources, targets, 512)
-    groups, single = loglik.share_prefixes(encoded)
+    groups, single = prefix_sharing.share_prefixes(encoded)
     # Hand count: each context once, each row its source after the visible part plus its target but the last.
     want = sum(len(g.context) for g in groups)
     want += sum(encoded[i].length - v - 1 for g in groups for i, v in g.rows if encoded[i].target_ids)
@@ -416,7 +416,7 @@ def test_token_logprobs_hand_values():
     logits = torch.tensor([[[0.0, math.log(3.0)], [5.0, 1.0]]])
     labels = torch.tensor([[1, -100]])
     mask = torch.tensor([[True, False]])
-    got = loglik.token_logprobs(logits, labels, mask)
+    got = loglik_batches.token_logprobs(logits, labels, mask)
     assert got[0, 0].item() == loglik_approx(math.log(0.75), math.log(3), math.log(4))  # float32 ln 3 - ln 4
     assert got[0, 1].item() == 0.0
 

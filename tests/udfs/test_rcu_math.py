@@ -9,7 +9,7 @@ from jobs.infra.config import Settings
 from jobs.receval import steps as J
 from schemas import chains as C
 from schemas import steps as S
-from udfs import rcu
+from udfs import rcu_math
 
 
 @pytest.mark.parametrize(
@@ -28,12 +28,12 @@ from udfs import rcu
     ],
 )
 def test_math_spans(text, spans):
-    assert rcu.math_spans(text) == spans
+    assert rcu_math.math_spans(text) == spans
 
 
 def test_mask_replaces_math_by_one_token_and_maps_offsets_back():
     text = r"Since \( \sqrt{20} \approx 4.47 \), we get $x$.Next \[ y \]"
-    m = rcu.mask_math(text)
+    m = rcu_math.mask_math(text)
     # a relation becomes an equation token, anything else a number; a placeholder touching a word gets a space
     assert m.text == "Since 1=1, we get 7.Next 7"
     assert m.display == ((len(m.text) - 1, len(m.text)),)
@@ -41,14 +41,14 @@ def test_mask_replaces_math_by_one_token_and_maps_offsets_back():
     assert m.restore(6, 9) == r"\( \sqrt{20} \approx 4.47 \)"
     assert m.restore(11, 19) == "we get $x$"
     assert m.restore(0, 5) == "Since"
-    padded = rcu.mask_math(r"is\(x=1\)now")
+    padded = rcu_math.mask_math(r"is\(x=1\)now")
     assert padded.text == "is 1=1 now"
     assert [padded.to_original(i) for i in (2, 3, 6, 7)] == [2, 2, 9, 9]  # the pads map to the math's edges
     assert padded.restore(3, 6) == r"\(x=1\)" and padded.restore(7, 10) == "now"
 
 
 def test_text_without_math_is_unchanged():
-    m = rcu.mask_math("She has 3.5 apples. So she has $4.")
+    m = rcu_math.mask_math("She has 3.5 apples. So she has $4.")
     assert m.text == m.original and m.spans == () and m.restore(0, 5) == "She h"
 
 
