@@ -7,7 +7,8 @@
   cut from the left and flagged `truncated`.
 - `min_new_tokens` keeps EOS away until that many tokens exist (the CoT Collection's >= 8-token rationale).
 - A row ends at any of the model's end tokens (`stop_token_ids`: the generation config's, the tokenizer's, and a
-  chat model's end-of-turn token) or, never before `min_new_tokens`, once its new text holds a stop string.
+  chat model's end-of-turn token) or, never before `min_new_tokens`, once its new text holds a stop string (after
+  the first check only the last tokens are decoded: a new stop string can only be there).
 - Greedy by default. Sampling draws every row from its own generator, seeded from (seed, prompt, sample index):
   a row's text depends on its prompt and seed only, not on which rows share its batch, so the same seed and data
   give the same chains on any partitioning and batch size (up to float noise in the logits). Greedy rows and
@@ -37,6 +38,15 @@ END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|
 # nucleus is wider: the same distribution as a full sort, without sorting 152k logits per row and step (which
 # transformers' TopPLogitsWarper does on whatever it is given: here a window, see nucleus_size).
 TOP_P_WINDOW = 256
+# A stop string that was not in a row's text a step earlier lies in its last 2 x (the stop string's UTF-8 bytes) +
+# STOP_TAIL_MARGIN tokens that are not special tokens (_StopAfter). Every such token decodes to at least one
+# byte, so the tokens an occurrence spans are its bytes' and at most one space per character that
+# clean_up_tokenization_spaces removes before punctuation (2 x bytes). It ends in what the new token changed: the
+# token's text and at most 3 bytes before it (an incomplete UTF-8 character completed) or a cleaned space, so at
+# most 4 tokens follow it; and a tail decoded alone differs from the end of the whole text only in its first
+# tokens (U+FFFD for a character cut there: at most 3 bytes; a leading space a SentencePiece decoder drops; a
+# WordPiece "##"): 4 more. 16 is twice those 8.
+STOP_TAIL_MARGIN = 16
 
 
 @dataclass(frozen=True)
@@ -47,11 +57,20 @@ class Generation:
 
 
 class _StopAfter:
-    """Stopping criterion: a row is done when its new text holds a stop string and it has >= `min_new` tokens."""
+    """Stopping criterion: a row is done when its new text holds a stop string and it has >= `min_new` tokens.
+
+    The first check (at `min_new` tokens) decodes each row's new text. Every later one decodes only the row's
+    last tokens, where a stop string that was not in the text a step earlier must lie (STOP_TAIL_MARGIN), and the
+    whole text only to confirm a stop string found there (a tail decoded alone can start with a stray character),
+    so a step costs the same however long the rows have grown. Rows already stopped are not decoded again.
+    """
 
     def __init__(self, tokenizer: Any, stops: Sequence[str], start: int, min_new: int) -> None:
         self.tokenizer, self.stops, self.start, self.min_new = tokenizer, list(stops), start, min_new
         self.done: torch.Tensor | None = None
+        self.checked = False  # a check ran: from then on a row not done holds no stop string
+        self.tail = 2 * max((len(s.encode()) for s in self.stops), default=0) + STOP_TAIL_MARGIN
+        self.special = torch.tensor(sorted(set(getattr(tokenizer, "all_special_ids", None) or [])), dtype=torch.long)
 
     def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kwargs: Any) -> torch.Tensor:
         new = input_ids[:, self.start :]
@@ -59,10 +78,22 @@ class _StopAfter:
             self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         if new.shape[1] < self.min_new:
             return self.done.clone()
-        for i in (~self.done).nonzero().flatten().tolist():  # rows already stopped are not decoded again
-            text = self.tokenizer.decode(new[i], skip_special_tokens=True)
-            self.done[i] = any(s in text for s in self.stops)
+        starts = self.tail_starts(new) if self.checked else [0] * new.shape[0]
+        for i in (~self.done).nonzero().flatten().tolist():
+            self.done[i] = self.holds_stop(new[i, starts[i] :]) and (starts[i] == 0 or self.holds_stop(new[i]))
+        self.checked = True
         return self.done.clone()
+
+    def holds_stop(self, ids: torch.Tensor) -> bool:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return any(s in text for s in self.stops)
+
+    def tail_starts(self, new: torch.Tensor) -> list[int]:
+        """Per row, where its last `self.tail` tokens that are not special tokens begin (0: it has fewer).
+        Special tokens decode to nothing (skip_special_tokens), so they are passed over, not counted."""
+        shown = ~torch.isin(new.cpu(), self.special)
+        after = shown.flip(1).cumsum(1).flip(1)  # tokens shown from each position to the end
+        return (after > self.tail).sum(1).tolist()
 
 
 class RowSampler:

@@ -345,6 +345,79 @@ def test_nucleus_size_keeps_what_the_mass_before_rule_kept():
     assert _legacy_nucleus(edge.float(), 0.8) == 2
 
 
+class _BytesTokenizer:
+    """A byte-level tokenizer: every token is some bytes (a UTF-8 character may be cut between tokens), ids 0
+    and 1 are special tokens that decode to nothing; `clean` removes a space before "." as
+    clean_up_tokenization_spaces does, `strip` drops a leading space as a SentencePiece decoder does."""
+
+    PIECES = [b"", b"", b"a", b"b", b" ", b"n", b"an", b"\n", b".", b"x", b"\xc3", b"\xa9", b"\xe2\x82", b"\xac",
+              b"ab c", b" ."]  # fmt: skip
+    all_special_ids = [0, 1]
+
+    def __init__(self, clean: bool = False, strip: bool = False) -> None:
+        self.clean, self.strip, self.decoded = clean, strip, []
+
+    def decode(self, ids, skip_special_tokens=False):
+        ids = [int(t) for t in ids]
+        self.decoded.append(sum(t not in self.all_special_ids for t in ids))  # the tokens it shows
+        text = b"".join(self.PIECES[t] for t in ids if t not in self.all_special_ids).decode("utf-8", "replace")
+        text = text.replace(" .", ".") if self.clean else text
+        return text[1:] if self.strip and text.startswith(" ") else text
+
+
+@pytest.mark.parametrize("clean, strip, stray", [(False, False, False), (True, False, False), (False, True, False),
+                                                 (False, False, True)])  # fmt: skip
+def test_stop_check_on_the_tail_stops_the_rows_the_whole_text_stopped(clean, strip, stray):
+    """Step by step over random token rows (UTF-8 characters cut between tokens, special tokens inside, stop
+    strings across tokens), the stop check that decodes only a row's tail stops the same rows at the same steps
+    as decoding the whole new text. After its first check it decodes no more than a tail, and a whole text only
+    to confirm a stop string its tail shows: for the rows it stops, or (`stray`: a stop string with U+FFFD, which
+    a tail cut inside a character starts with) a tail's false alarm."""
+    stops = ["é", "€a", "an\nb", "b a", "x.", "aaa", "ab c."] + (["\ufffdb"] if stray else [])
+    rng = torch.Generator().manual_seed(int(clean) * 2 + int(strip) + 4 * int(stray))
+    weights = torch.tensor([3.0, 1, 4, 4, 4, 2, 2, 2, 3, 3, 1, 1, 1, 1, 1, 2])
+    alarms = 0
+    for min_new in (0, 6, 30):
+        ids = torch.multinomial(weights, 200 * 80, replacement=True, generator=rng).view(200, 80)
+        prompt = torch.full((200, 3), 9)
+        tail_tok, whole_tok = _BytesTokenizer(clean, strip), _BytesTokenizer(clean, strip)
+        tail = G._StopAfter(tail_tok, stops, 3, min_new)
+        whole = _LegacyStopAfter(whole_tok, stops, 3, min_new)
+        for n in range(1, 81):
+            seq = torch.cat([prompt, ids[:, :n]], 1)
+            was = whole.done.clone() if whole.done is not None else torch.zeros(200, dtype=torch.bool)
+            assert torch.equal(tail(seq), whole(seq)), (min_new, n)
+            if n > max(min_new, 1):  # after the first check
+                wide = sum(k > tail.tail for k in tail_tok.decoded)  # whole texts decoded to confirm
+                stopped = int((whole.done & ~was).sum())
+                assert wide <= stopped or stray
+                alarms += max(0, wide - stopped)
+            tail_tok.decoded.clear()
+        assert 20 < int(whole.done.sum()) < 200  # rows stopped at many steps, and some never
+    assert (alarms > 0) == stray
+
+
+def test_stop_check_on_the_tail_hand_built_edges():
+    """Stop strings the new token completes from far back: "x ." cleaned to "x.", a character and "aaa" split by
+    runs of special tokens (decoded to nothing), a stop string with spaces cleaned out of it. Each row stops at
+    its last hand-placed token, as the whole text says, though the row is longer than the tail by then."""
+    rows = [[2, 3] * 15 + [9, 4, 8], [2, 3] * 15 + [9] + [0] * 30 + [8], [3] * 20 + [10] + [1] * 25 + [11],
+            [2, 2] + [0] * 40 + [2], [3] * 35 + [2, 4, 8] * 4]  # fmt: skip
+    ends = [len(r) for r in rows]  # stops at its last token: 33, 62, 47, 43, 47
+    ids = torch.tensor([r + [3] * (70 - len(r)) for r in rows])
+    # "a.a.a.a." spans 12 tokens, "a", " ", "." four times: more tokens than its 8 bytes.
+    stops = ["x.", "é", "aaa", "a.a.a.a."]
+    tail = G._StopAfter(_BytesTokenizer(clean=True), stops, 0, 0)
+    whole = _LegacyStopAfter(_BytesTokenizer(clean=True), stops, 0, 0)
+    stopped_at = [None] * len(rows)
+    for n in range(1, 71):
+        done = tail(ids[:, :n])
+        assert torch.equal(done, whole(ids[:, :n]))
+        for i in done.nonzero().flatten().tolist():
+            stopped_at[i] = stopped_at[i] or n
+    assert stopped_at == ends and min(ends) > tail.tail
+
+
 def test_generate_chains_equal_the_sampler_and_stop_check_before(tiny_models, monkeypatch):
     """End to end with the tiny GPT-2: seeded samples (k per prompt and a greedy row, rows sharing batches) with
     stop strings, n-gram blocking and min_new_tokens are the same bytes with the legacy sampler and stop check."""
