@@ -419,27 +419,25 @@ def test_stop_check_on_the_tail_hand_built_edges():
 
 
 def test_generate_chains_equal_the_sampler_and_stop_check_before(tiny_models, monkeypatch):
-    """End to end with the tiny GPT-2: seeded samples (k per prompt and a greedy row, rows sharing batches) with
+    """End to end with the tiny GPT-2: seeded samples (3 per prompt and a greedy row, rows sharing batches) with
     stop strings, n-gram blocking and min_new_tokens are the same bytes with the legacy sampler and stop check."""
     model, tok = _load(tiny_models, "causal")
-    questions = PROMPTS + MANY[:5]
+    questions = PROMPTS + MANY[:1]
     prompts = [p for p in questions for _ in range(4)]
     samples = [None if j == 3 else j for _ in questions for j in range(4)]
     configs = [
-        dict(temperature=0.7),
         dict(top_p=0.8, no_repeat_ngram_size=3, min_new_tokens=8, stop_strings=["[ANSWER]", "e.", "he", " a"]),
-        dict(temperature=1.3, top_p=0.95, top_k=50, stop_strings=["\n", "the"]),
-        dict(top_p=0.999, stop_strings=["é", "an"]),  # a nucleus wider than the 256-token window
-        dict(temperature=0.5, top_k=5, min_new_tokens=4, stop_strings=["$", "s "]),
+        dict(temperature=1.3, top_p=0.999, stop_strings=["\n", "the"]),  # a nucleus wider than the window
+        dict(temperature=0.5, top_p=0.95, top_k=5, min_new_tokens=4, stop_strings=["$", "s "]),
     ]
     lengths = []
     for cfg in configs:
-        kw = dict(max_new_tokens=24, seed=11, samples=samples, batch_size=16, **cfg)
+        kw = dict(max_new_tokens=28, seed=11, samples=samples, batch_size=8, **cfg)
         now = G.generate(model, tok, "causal", prompts, **kw)
         with monkeypatch.context() as patch:
             patch.setattr(G, "RowSampler", _LegacyRowSampler)
             patch.setattr(G, "_StopAfter", _LegacyStopAfter)
             before = G.generate(model, tok, "causal", prompts, **kw)
         assert now == before, cfg
-        lengths += [g.n_tokens for g in now if cfg.get("stop_strings")]
-    assert sum(n < 24 for n in lengths) > len(lengths) / 4  # stop strings (or EOS) ended many rows early
+        lengths += [g.n_tokens for g in now]
+    assert sum(n < 28 for n in lengths) > len(lengths) / 4  # stop strings (or EOS) ended many rows early
