@@ -159,7 +159,7 @@ def draw_token(logits: torch.Tensor, gen: torch.Generator, temperature: float = 
         probs = torch.softmax(scores, -1)
     if top_p < 1.0:
         nucleus = nucleus_size(kept, top_p / share)
-        probs[nucleus:] = 0.0  # a copy: softmax's or everything[order]
+        probs[nucleus:] = 0.0  # probs is a fresh tensor here (a softmax or a gather)
         probs = probs / probs.sum()
     pick = torch.multinomial(probs, 1, generator=gen)
     return int(order[pick] if order is not None else pick)
