@@ -7,11 +7,14 @@
   cut from the left and flagged `truncated`.
 - `min_new_tokens` keeps EOS away until that many tokens exist (the CoT Collection's >= 8-token rationale).
 - A row ends at any of the model's end tokens (`stop_token_ids`: the generation config's, the tokenizer's, and a
-  chat model's end-of-turn token) or, never before `min_new_tokens`, once its new text holds a stop string.
+  chat model's end-of-turn token) or, never before `min_new_tokens`, once its new text holds a stop string (after
+  the first check only the last tokens are decoded: a new stop string can only be there).
 - Greedy by default. Sampling draws every row from its own generator, seeded from (seed, prompt, sample index):
   a row's text depends on its prompt and seed only, not on which rows share its batch, so the same seed and data
   give the same chains on any partitioning and batch size (up to float noise in the logits). Greedy rows and
-  sampled rows can share one batch (`samples`).
+  sampled rows can share one batch (`samples`). Temperature, top-k and top-p are transformers' logits warpers;
+  the draw from what they leave is ours, one generator per row, over the vector the sampler drew from before
+  the warpers were transformers' (`draw_token`), so a seed still draws the chains it drew then.
 """
 
 from __future__ import annotations
@@ -32,8 +35,18 @@ from udfs.runtime import length_batches
 # with <|endoftext|>, and its generation config lists only one of them; Gemma ends a turn with <end_of_turn>.
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|end|>")
 # Nucleus sampling looks at the top TOP_P_WINDOW tokens first and sorts the whole vocabulary only for a row whose
-# nucleus is wider: the same draw as a full sort, without sorting 152k logits per row and step.
+# nucleus is wider: the same distribution as a full sort, without sorting 152k logits per row and step (which
+# transformers' TopPLogitsWarper does on whatever it is given: here a window, see nucleus_size).
 TOP_P_WINDOW = 256
+# A stop string that was not in a row's text a step earlier lies in its last 2 x (the stop string's UTF-8 bytes) +
+# STOP_TAIL_MARGIN tokens that are not special tokens (_StopAfter). Every such token decodes to at least one
+# byte, so the tokens an occurrence spans are its bytes' and at most one space per character that
+# clean_up_tokenization_spaces removes before punctuation (2 x bytes). It ends in what the new token changed: the
+# token's text and at most 3 bytes before it (an incomplete UTF-8 character completed) or a cleaned space, so at
+# most 4 tokens follow it; and a tail decoded alone differs from the end of the whole text only in its first
+# tokens (U+FFFD for a character cut there: at most 3 bytes; a leading space a SentencePiece decoder drops; a
+# WordPiece "##"): 4 more. 16 is twice those 8.
+STOP_TAIL_MARGIN = 16
 
 
 @dataclass(frozen=True)
@@ -44,11 +57,20 @@ class Generation:
 
 
 class _StopAfter:
-    """Stopping criterion: a row is done when its new text holds a stop string and it has >= `min_new` tokens."""
+    """Stopping criterion: a row is done when its new text holds a stop string and it has >= `min_new` tokens.
+
+    The first check (at `min_new` tokens) decodes each row's new text. Every later one decodes only the row's
+    last tokens, where a stop string that was not in the text a step earlier must lie (STOP_TAIL_MARGIN), and the
+    whole text only to confirm a stop string found there (a tail decoded alone can start with a stray character),
+    so a step costs the same however long the rows have grown. Rows already stopped are not decoded again.
+    """
 
     def __init__(self, tokenizer: Any, stops: Sequence[str], start: int, min_new: int) -> None:
         self.tokenizer, self.stops, self.start, self.min_new = tokenizer, list(stops), start, min_new
         self.done: torch.Tensor | None = None
+        self.checked = False  # a check ran: from then on a row not done holds no stop string
+        self.tail = 2 * max((len(s.encode()) for s in self.stops), default=0) + STOP_TAIL_MARGIN
+        self.special = torch.tensor(sorted(set(getattr(tokenizer, "all_special_ids", None) or [])), dtype=torch.long)
 
     def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kwargs: Any) -> torch.Tensor:
         new = input_ids[:, self.start :]
@@ -56,18 +78,31 @@ class _StopAfter:
             self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         if new.shape[1] < self.min_new:
             return self.done.clone()
-        for i in (~self.done).nonzero().flatten().tolist():  # rows already stopped are not decoded again
-            text = self.tokenizer.decode(new[i], skip_special_tokens=True)
-            self.done[i] = any(s in text for s in self.stops)
+        starts = self.tail_starts(new) if self.checked else [0] * new.shape[0]
+        for i in (~self.done).nonzero().flatten().tolist():
+            self.done[i] = self.holds_stop(new[i, starts[i] :]) and (starts[i] == 0 or self.holds_stop(new[i]))
+        self.checked = True
         return self.done.clone()
+
+    def holds_stop(self, ids: torch.Tensor) -> bool:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return any(s in text for s in self.stops)
+
+    def tail_starts(self, new: torch.Tensor) -> list[int]:
+        """Per row, where its last `self.tail` tokens that are not special tokens begin (0: it has fewer).
+        Special tokens decode to nothing (skip_special_tokens), so they are passed over, not counted."""
+        shown = ~torch.isin(new.cpu(), self.special)
+        after = shown.flip(1).cumsum(1).flip(1)  # tokens shown from each position to the end
+        return (after > self.tail).sum(1).tolist()
 
 
 class RowSampler:
     """Logits processor that samples each row from its own torch.Generator (None: the row stays greedy).
 
     It runs after transformers' own processors (no-repeat-ngram, min-new-tokens) with do_sample=False, and
-    returns logits that are -inf everywhere but the drawn token, so generate's argmax takes the draw. Temperature,
-    then top-k, then top-p, as transformers' warpers apply them.
+    returns logits that are -inf everywhere but the drawn token, so generate's argmax takes the draw. The
+    warping is transformers' (see `draw_token`); only the draw is done here, row by row, because generate's own
+    sampling draws the whole batch from one generator, and a row's text would then depend on its batch.
     """
 
     def __init__(self, generators: Sequence[torch.Generator | None], temperature: float = 1.0, top_p: float = 1.0,
@@ -76,10 +111,14 @@ class RowSampler:
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         out = scores.clone()
-        for row, gen in enumerate(self.generators):
-            if gen is None:
-                continue
-            pick = draw_token(scores[row].float(), gen, self.temperature, self.top_p, self.top_k)
+        rows = [row for row, gen in enumerate(self.generators) if gen is not None]
+        if not rows:
+            return out
+        # The generators are CPU generators, so the sampled rows' logits are drawn from on the CPU (one copy from
+        # an accelerator; none on a CPU run).
+        logits = scores[rows].float().cpu()
+        for k, row in enumerate(rows):
+            pick = draw_token(logits[k], self.generators[row], self.temperature, self.top_p, self.top_k)
             out[row].fill_(float("-inf"))
             out[row, pick] = 0.0
         return out
@@ -88,26 +127,57 @@ class RowSampler:
 def draw_token(logits: torch.Tensor, gen: torch.Generator, temperature: float = 1.0, top_p: float = 1.0,
                top_k: int | None = None) -> int:  # fmt: skip
     """One token drawn from softmax(logits / temperature), restricted to the top-k, then to the top-p nucleus
-    (the most likely tokens while the mass before them is below top_p; the first always stays)."""
-    logits = logits / temperature
-    ids = None
-    if top_k is not None and 0 < top_k < logits.shape[-1]:
-        logits, ids = torch.topk(logits, top_k)  # sorted, most likely first
-    probs = torch.softmax(logits, -1)
-    if top_p < 1.0:
-        if ids is not None:
-            order = torch.arange(probs.shape[-1])
-        else:
-            window, order = torch.topk(probs, min(TOP_P_WINDOW, probs.shape[-1]))
-            if float(window.sum()) < top_p:  # the nucleus is wider than the window: sort everything
-                order = torch.argsort(probs, descending=True)
-        ranked = probs[order]
-        before = torch.cumsum(ranked, -1) - ranked
-        ranked = torch.where(before < top_p, ranked, torch.zeros_like(ranked))
-        pick = order[torch.multinomial(ranked / ranked.sum(), 1, generator=gen)]
+    (the most likely tokens while the mass before them is below top_p; the first always stays): transformers'
+    TemperatureLogitsWarper, TopKLogitsWarper and TopPLogitsWarper, in the order generate applies them.
+
+    The draw is torch.multinomial's, which draws one exponential variate per entry of the vector it is given:
+    the token it picks depends on that vector's length and order, not only on the probabilities. So that a seed
+    keeps drawing the chains it drew before the warping was transformers', the vector is the one drawn from
+    then: the top-k in torch.topk's order; for top-p alone the TOP_P_WINDOW most likely tokens, most likely
+    first (or all of them by argsort when the nucleus is wider than the window); else the whole vocabulary in
+    its own order; tokens outside the nucleus stay in it with probability 0.
+    """
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
+
+    scores = TemperatureLogitsWarper(float(temperature))(None, logits[None])[0]
+    vocab = scores.shape[-1]
+    order = None
+    if top_k is not None and 0 < top_k < vocab:
+        # TopKLogitsWarper keeps the k most likely tokens; torch.topk gives them in the draw's order. A token tied
+        # with the k-th, which the warper also keeps, stays out of the draw, as before.
+        order = torch.topk(scores, top_k).indices
+        kept = TopKLogitsWarper(top_k)(None, scores[None])[0, order]
+        probs, share = torch.softmax(kept, -1), 1.0
+    elif top_p < 1.0:
+        everything = torch.softmax(scores, -1)
+        window, order = torch.topk(everything, min(TOP_P_WINDOW, vocab))
+        share = float(window.sum())
+        if share < top_p:  # the nucleus is wider than the window: sort everything
+            order, share = torch.argsort(everything, descending=True), 1.0
+        kept, probs = scores[order], everything[order]
     else:
-        pick = torch.multinomial(probs, 1, generator=gen)
-    return int(ids[pick] if ids is not None else pick)
+        probs = torch.softmax(scores, -1)
+    if top_p < 1.0:
+        nucleus = nucleus_size(kept, top_p / share)
+        probs[nucleus:] = 0.0  # probs is a fresh tensor here (a softmax or a gather)
+        probs = probs / probs.sum()
+    pick = torch.multinomial(probs, 1, generator=gen)
+    return int(order[pick] if order is not None else pick)
+
+
+def nucleus_size(ranked: torch.Tensor, top_p: float) -> int:
+    """How many of `ranked` (logits, most likely first) transformers' TopPLogitsWarper keeps at `top_p`.
+
+    `ranked` is all the tokens with any mass left, or the top of the vocabulary holding a `share` of its mass
+    that covers top_p; the warper normalises over what it is given, so the caller passes top_p / share: the
+    mass before a token is below top_p exactly when its share of the window's is below top_p / share. The
+    warper tells how many tokens stay, the draw keeps the first that many: among tokens tied at the nucleus's
+    edge it keeps the first in `ranked` (the warper's sort is not stable and would keep any of them).
+    """
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    warped = TopPLogitsWarper(min(top_p, 1.0))(None, ranked[None])
+    return int(torch.isfinite(warped).sum())
 
 
 def row_seed(seed: int, prompt: str, sample: int) -> int:
