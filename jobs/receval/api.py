@@ -38,7 +38,7 @@ from pyspark.sql import functions as F
 from jobs.infra import claim, tables
 from jobs.infra.config import Settings
 from jobs.infra.stage import claim_tags, settings_of, take_claim, with_built_models
-from jobs.receval import ingest, ingest_rows, pipeline, score
+from jobs.receval import chain_tables, ingest, ingest_rows, pipeline, score
 
 Overrides = Sequence[str] | Mapping[str, Any]
 
@@ -133,7 +133,7 @@ def score_chains(
       `config`: a YAML file layered under them, as --config. Resolved as `receval pipeline` resolves them
       (settings_for): the `small` model profile once `make models` built it, unless a layer chose one.
     write: also insert the rows into the lake (paths.lake: chains, steps, contexts, step_scores, chain_scores,
-      quarantine) the way the pipeline does (jobs.receval.pipeline.insert: insert-only MERGEs, so chains already
+      quarantine) the way the pipeline does (jobs.receval.chain_tables.insert: insert-only MERGEs, so chains already
       there under this config hash are kept, not scored twice into the tables). The write holds the lake's claim
       as a night does, from before anything is computed until the last table is written (released on an error
       too); `force`: take it even from a live run, as `--force` (logged; docs/OPERATIONS.md, Overlapping runs).
@@ -206,9 +206,9 @@ def _write_and_track(result: Scores, contexts: DataFrame, write: bool, track: bo
                   "step_scores": result.step_scores, "chain_scores": result.chain_scores,
                   "quarantine": result.quarantine}
         written = {}
-        for name in pipeline.CHAIN_TABLES:  # the night's tables and order: a chain's markers after its rows
+        for name in chain_tables.CHAIN_TABLES:  # the night's tables and order: a chain's markers after its rows
             claim.check_held(settings)  # a claim taken over writes no further table, as a night's next batch
-            written[name] = pipeline.insert(spark, settings, name, frames[name])
+            written[name] = chain_tables.insert(spark, settings, name, frames[name])
         return written
 
     if not track:

@@ -22,7 +22,6 @@ from typing import Any
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
 
 from jobs.infra import claim, lineage, maintain, tables
 from jobs.infra.config import Settings
@@ -34,13 +33,13 @@ from jobs.infra.stage import Job, Stage, table_lines
 from jobs.infra.tracking import JobRun
 from jobs.receval import (
     aggregate,
+    chain_tables,
     curate,
     ingest,
     ingest_readers,
     ingest_rows,
     input_files,
     score,
-    scores_table,
 )
 from jobs.receval import steps as steps_job
 from jobs.receval.night_summary import StageReport, Summary, label_scores, log_summary, print_summary
@@ -60,30 +59,6 @@ log = logging.getLogger(__spec__.name)
 # Tables that hold rows per config hash: what `pipeline.rescore` clears for the current hash.
 HASHED_TABLES = ["steps", "contexts", "step_scores", "chain_scores", "unscored", "curation", "curated", "rejected"]
 ALL_TABLES = ["chains", "quarantine", "input_files", *HASHED_TABLES]
-# The tables a chain's rows go into on their way through the night, in the order a chain reaches them (a
-# stage's rows mark the chain done for it, so they are written after what they stand on). `insert` writes them:
-# by the schema and MERGE keys here (declared beside the schemas), `step_scores`, `chain_scores` and `quarantine`
-# through their own one writer each. score_chains(write=True) inserts through it too; ingest writes `chains` by
-# C.KEYS itself.
-CHAIN_TABLES = ("chains", "steps", "contexts", "step_scores", "chain_scores", "quarantine")
-KEYED: dict[str, tuple[StructType, list[str]]] = {
-    "chains": (C.SCHEMA, C.KEYS),
-    "steps": (ST.SCHEMA, ST.KEYS),
-    "contexts": (ST.CONTEXTS_SCHEMA, ST.CONTEXTS_KEYS),
-}
-
-
-def insert(spark: SparkSession, settings: Settings, name: str, rows: DataFrame) -> int:
-    """Insert `rows` into the chain table `name` (CHAIN_TABLES) as the night does: insert-only, so a key the table
-    holds keeps its row and a rerun adds nothing. Returns the rows inserted."""
-    if name == "step_scores":
-        return scores_table.write(spark, settings, rows)
-    if name == "chain_scores":
-        return aggregate.write(spark, settings, rows)
-    if name == "quarantine":
-        return tables.append_quarantine(spark, settings, rows)
-    schema, keys = KEYED[name]
-    return tables.insert_new(spark, rows, settings.table(name), schema, keys)
 
 
 # -- the stage functions: the defaults of Transforms ---------------------------------------------------------
@@ -140,10 +115,10 @@ def _steps_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
 
 def _write_steps(ctx: Context, steps: DataFrame, contexts: DataFrame, bad: DataFrame) -> dict[str, int]:
     return {
-        "steps": insert(ctx.spark, ctx.settings, "steps", steps),
+        "steps": chain_tables.insert(ctx.spark, ctx.settings, "steps", steps),
         "quarantined": _quarantine(ctx, bad),
         # Written last: a context row marks the chain as done with this stage.
-        "contexts": insert(ctx.spark, ctx.settings, "contexts", contexts),
+        "contexts": chain_tables.insert(ctx.spark, ctx.settings, "contexts", contexts),
     }
 
 
@@ -151,7 +126,7 @@ def _quarantine(ctx: Context, rows: DataFrame) -> int:
     # An empty MERGE still costs several Spark jobs per batch; most batches quarantine nothing.
     if rows.limit(1).count() == 0:
         return 0
-    return insert(ctx.spark, ctx.settings, "quarantine", rows.withColumn(Q.RUN_ID, F.lit(ctx.run_id)))
+    return chain_tables.insert(ctx.spark, ctx.settings, "quarantine", rows.withColumn(Q.RUN_ID, F.lit(ctx.run_id)))
 
 
 def _scores_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
@@ -165,7 +140,7 @@ def _scores_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
 def _aggregate_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
     step_scores = ctx.hashed("step_scores", SS.SCHEMA).join(ids, SS.CHAIN_ID, "left_semi")
     chain_scores = ctx.transforms.aggregate(step_scores, ctx.settings)
-    return {"chain_scores": insert(ctx.spark, ctx.settings, "chain_scores", chain_scores)}
+    return {"chain_scores": chain_tables.insert(ctx.spark, ctx.settings, "chain_scores", chain_scores)}
 
 
 @dataclass(frozen=True)
