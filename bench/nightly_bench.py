@@ -12,6 +12,7 @@ bench/RESULTS.md with --record.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -85,7 +86,7 @@ def run_nights(spark, size: int, stages: str, batch: int, new_fraction: float, w
         ],
         environ={},
     )
-    transforms = Fakes().transforms() if stages == "fake" else None
+    fakes = Fakes() if stages == "fake" else None
     extra = int(size * new_fraction)
     nights = [("first night", 0, size), (f"{new_fraction:.0%} new", size, extra), ("unchanged", 0, 0)]
     out = []
@@ -93,7 +94,8 @@ def run_nights(spark, size: int, stages: str, batch: int, new_fraction: float, w
         if count:
             write_night(inp, f"night-{start}", start, count, seed=start + 1)
         t0 = time.time()
-        summary = pipeline.run(spark, settings, JobRun("pipeline", settings), transforms)
+        with fakes.installed() if fakes else contextlib.nullcontext():
+            summary = pipeline.run(spark, settings, JobRun("pipeline", settings))
         seconds = time.time() - t0
         stage_s = {s.name: round(s.seconds, 1) for s in summary.stages}
         out.append({"size": size, "night": label, "new_chains": count, "seconds": seconds, "stages": stage_s,

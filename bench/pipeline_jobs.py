@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> str:
         for night in ("first night", "unchanged rerun"):
             stats.clear()
             jobs, started = scheduler.nextJobId(), time.perf_counter()
-            pipeline.run(spark, settings, JobRun("pipeline", settings), Fakes().transforms())
+            with Fakes().installed():
+                pipeline.run(spark, settings, JobRun("pipeline", settings))
             total_jobs, seconds = scheduler.nextJobId() - jobs, time.perf_counter() - started
             lines += [f"\n**{night}**: {total_jobs} Spark jobs, {seconds:.1f} s\n",
                       "\n| function | calls | Spark jobs | seconds |\n|---|---|---|---|\n"]

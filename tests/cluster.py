@@ -133,7 +133,8 @@ def fake_night(argv: list[str]) -> None:
 
     import jobs.receval.pipeline as pipeline
 
-    pipeline.main(argv, transforms=Fakes().transforms())
+    with Fakes().installed():
+        pipeline.main(argv)
 
 
 if __name__ == "__main__":

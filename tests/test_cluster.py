@@ -244,8 +244,8 @@ def test_claim_of_a_driver_on_another_host_expires_only_after_its_ttl(spark, ful
         driver_b = [*job_args(lake, lake_input, "spark.master=local[2]", "pipeline.claim_host=driver-b", *pairs),
                     "--set", b_store]
         capsys.readouterr()
-        with pytest.raises(SystemExit) as busy:
-            pipeline.main(driver_b, transforms=Fakes().transforms())
+        with pytest.raises(SystemExit) as busy, Fakes().installed():
+            pipeline.main(driver_b)
         assert busy.value.code == claim.EXIT_BUSY
         assert f"is busy: claimed by run {held.run_id} (pipeline) on host driver-a, pid {held.pid}" in \
             capsys.readouterr().err
@@ -253,7 +253,8 @@ def test_claim_of_a_driver_on_another_host_expires_only_after_its_ttl(spark, ful
         kill_tree(proc.pid)  # the driver and spark-submit, no cleanup: driver-a's claim stays behind
         proc.wait()
     last_beat = claim.latest(lake / claim.FOLDER).last_beat
-    summary = pipeline.main([*driver_b, "--set", "pipeline.on_busy=wait"], transforms=Fakes().transforms())
+    with Fakes().installed():
+        summary = pipeline.main([*driver_b, "--set", "pipeline.on_busy=wait"])
     print(f"\n[cluster] claim across hosts: {time.monotonic() - started:.0f}s")
     taker = claim.read(lake / claim.FOLDER, 1)
     assert (taker.host, taker.run_id) == ("driver-b", summary.run_id)

@@ -41,7 +41,7 @@ def run(spark, settings: Settings, tracked: JobRun, stages: list[str] = STAGES) 
         report["human_labels"] = timed("human_labels", lambda: human_labels.run(spark, settings))
     if "score" in stages:
         scoring = _scoring(settings)
-        pipeline.prepare(scoring, None)
+        pipeline.prepare(scoring)
         summary = timed("score", lambda: pipeline.run(spark, scoring, tracked.child("pipeline")))
         report["score"] = {s.name: s.counts for s in summary.stages}
     if "baselines" in stages:

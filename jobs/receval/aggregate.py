@@ -9,7 +9,7 @@ score (arith_errors_total) is its sum, null when a step's count is. API_k(R) is 
 window of k consecutive info_gain values sums to > 0. A chain with fewer than k steps has one window, the whole chain, so API_k is
 "sum(info_gain) > 0" for it (the window cannot be longer than the chain; an empty chain never reaches here).
 `write` is the one write into `chain_scores`: the night's aggregate stage and score_chains(write=True) insert through it
-(jobs.receval.pipeline.insert), the standalone job (`run`) replaces.
+(jobs.receval.chain_tables.insert), the standalone job (`run`) replaces.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def write(spark: SparkSession, settings: Settings, rows: DataFrame, replace: boo
     """Write `rows` into `chain_scores` by CS.KEYS (chain, config hash), under the contract as the registry declares
     it now (CS.schema()). Every writer of the table writes through here.
 
-    Insert-only (the default; the night's aggregate stage and score_chains(write=True), through pipeline.insert): a
+    Insert-only (the default; the night's aggregate stage and score_chains(write=True), through chain_tables.insert): a
     key the table holds keeps its row, so a rerun, or a retry after a concurrent commit, inserts only what is
     missing; returns the rows inserted. `replace` (the standalone job, `run`, which recomputes every chain from
     `step_scores`): a key already there gets the new row, so a rescored step changes its chain's scores and a rerun

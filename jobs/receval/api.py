@@ -12,9 +12,9 @@ and the nightly pipeline on a lake path.
     summary = run_pipeline("/mnt/lake", input="/mnt/outputs/*.jsonl")     # the night, as `receval pipeline` runs it
 
 `score_chains` runs the pipeline's own transforms (ingest's validation and mapping, then the night's steps, NLI
-and PVI scores and aggregate: jobs.receval.pipeline.Transforms) on the frame: the same scores the pipeline writes
-for those chains (tests/jobs/test_pipeline_offline.py compares them), without reading or writing the lake and
-without an MLflow run unless asked (`write`, `track`).
+and PVI scores and aggregate: the functions jobs.receval.pipeline's stages call) on the frame: the same scores the
+pipeline writes for those chains (tests/jobs/test_pipeline_offline.py compares them), without reading or writing
+the lake and without an MLflow run unless asked (`write`, `track`).
 
 Both resolve their settings as `receval pipeline` does (settings_for): the same layers, and the `small` model
 profile once `make models` built it unless a layer chose one, so a notebook scores with the night's models under
@@ -38,7 +38,7 @@ from pyspark.sql import functions as F
 from jobs.infra import claim, tables
 from jobs.infra.config import Settings
 from jobs.infra.stage import claim_tags, settings_of, take_claim, with_built_models
-from jobs.receval import ingest, ingest_rows, pipeline, score
+from jobs.receval import chain_tables, ingest, ingest_rows, pipeline, score
 
 Overrides = Sequence[str] | Mapping[str, Any]
 
@@ -133,7 +133,7 @@ def score_chains(
       `config`: a YAML file layered under them, as --config. Resolved as `receval pipeline` resolves them
       (settings_for): the `small` model profile once `make models` built it, unless a layer chose one.
     write: also insert the rows into the lake (paths.lake: chains, steps, contexts, step_scores, chain_scores,
-      quarantine) the way the pipeline does (jobs.receval.pipeline.insert: insert-only MERGEs, so chains already
+      quarantine) the way the pipeline does (jobs.receval.chain_tables.insert: insert-only MERGEs, so chains already
       there under this config hash are kept, not scored twice into the tables). The write holds the lake's claim
       as a night does, from before anything is computed until the last table is written (released on an error
       too); `force`: take it even from a live run, as `--force` (logged; docs/OPERATIONS.md, Overlapping runs).
@@ -147,7 +147,7 @@ def score_chains(
     claim taken over while writing (another run's `--force`) raises claim.ClaimLost before the next table.
     """
     settings = settings_for(overrides, config)
-    pipeline.prepare(settings, None)
+    pipeline.prepare(settings)
     run_id = uuid.uuid4().hex  # the claim's holder and the MLflow run's local id, as a stage's run
     # Taken before any Spark job, as a night takes it before its session starts: a busy lake costs no scoring.
     held_lake = take_claim(settings, "score_chains", run_id, force, "score_chains" if track else None) if write else None
@@ -167,21 +167,21 @@ def score_chains(
 
 def _score(chains: DataFrame, settings: Settings, json_column: str | None, source: str) -> tuple[Scores, DataFrame]:
     """The night's transforms on a frame: ingest's validation and mapping, then the pipeline's own steps, scores
-    and aggregate (pipeline.Transforms, score.score_steps and split, as score.run). Returns the scores and the
-    `contexts` rows; each frame that feeds two others is persisted in the Scores' holder, so the models run once."""
-    links = pipeline.Transforms()
+    and aggregate (pipeline._steps, score.score_steps and split as score.run, pipeline._aggregate). Returns the
+    scores and the `contexts` rows; each frame that feeds two others is persisted in the Scores' holder, so the
+    models run once."""
     held = tables.Held()
     try:
         on_error = settings.runtime.on_row_error
         checked = held(ingest_rows.check(raw_rows(chains, json_column, source), settings.ingest, on_error))
         valid, rejected = ingest.transform(checked, settings.ingest, on_error)
         valid = held(valid)
-        steps, contexts, steps_bad = links.steps(valid, settings, held)
+        steps, contexts, steps_bad = pipeline._steps(valid, settings, held)
         steps, contexts = held(steps), held(contexts)
-        scored = held(score.score_steps(steps, contexts, settings, links.nli, links.pvi))
+        scored = held(score.score_steps(steps, contexts, settings))
         step_scores, score_bad = score.split(scored)
         step_scores = held(step_scores)
-        chain_scores = links.aggregate(step_scores, settings)
+        chain_scores = pipeline._aggregate(step_scores, settings)
         quarantine = rejected.unionByName(steps_bad).unionByName(score_bad)
         scores = Scores(settings, settings.scoring_hash(), valid, steps, step_scores, chain_scores, quarantine,
                         _held=held)
@@ -206,9 +206,9 @@ def _write_and_track(result: Scores, contexts: DataFrame, write: bool, track: bo
                   "step_scores": result.step_scores, "chain_scores": result.chain_scores,
                   "quarantine": result.quarantine}
         written = {}
-        for name in pipeline.CHAIN_TABLES:  # the night's tables and order: a chain's markers after its rows
+        for name in chain_tables.CHAIN_TABLES:  # the night's tables and order: a chain's markers after its rows
             claim.check_held(settings)  # a claim taken over writes no further table, as a night's next batch
-            written[name] = pipeline.insert(spark, settings, name, frames[name])
+            written[name] = chain_tables.insert(spark, settings, name, frames[name])
         return written
 
     if not track:

@@ -22,7 +22,6 @@ from typing import Any
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
 
 from jobs.infra import claim, lineage, maintain, tables
 from jobs.infra.config import Settings
@@ -34,13 +33,13 @@ from jobs.infra.stage import Job, Stage, table_lines
 from jobs.infra.tracking import JobRun
 from jobs.receval import (
     aggregate,
+    chain_tables,
     curate,
     ingest,
     ingest_readers,
     ingest_rows,
     input_files,
     score,
-    scores_table,
 )
 from jobs.receval import steps as steps_job
 from jobs.receval.night_summary import StageReport, Summary, label_scores, log_summary, print_summary
@@ -50,43 +49,14 @@ from schemas import quarantine as Q
 from schemas import step_scores as SS
 from schemas import steps as ST
 
-# The steps transform gets the batch's holder: what it persists is released once the batch is written.
-StepsFn = Callable[[DataFrame, Settings, tables.Held], tuple[DataFrame, DataFrame, DataFrame]]
-ScoreFn = Callable[[DataFrame, DataFrame, Settings], DataFrame]
-AggregateFn = Callable[[DataFrame, Settings], DataFrame]
-
 log = logging.getLogger(__spec__.name)
 
 # Tables that hold rows per config hash: what `pipeline.rescore` clears for the current hash.
 HASHED_TABLES = ["steps", "contexts", "step_scores", "chain_scores", "unscored", "curation", "curated", "rejected"]
 ALL_TABLES = ["chains", "quarantine", "input_files", *HASHED_TABLES]
-# The tables a chain's rows go into on their way through the night, in the order a chain reaches them (a
-# stage's rows mark the chain done for it, so they are written after what they stand on). `insert` writes them:
-# by the schema and MERGE keys here (declared beside the schemas), `step_scores`, `chain_scores` and `quarantine`
-# through their own one writer each. score_chains(write=True) inserts through it too; ingest writes `chains` by
-# C.KEYS itself.
-CHAIN_TABLES = ("chains", "steps", "contexts", "step_scores", "chain_scores", "quarantine")
-KEYED: dict[str, tuple[StructType, list[str]]] = {
-    "chains": (C.SCHEMA, C.KEYS),
-    "steps": (ST.SCHEMA, ST.KEYS),
-    "contexts": (ST.CONTEXTS_SCHEMA, ST.CONTEXTS_KEYS),
-}
 
 
-def insert(spark: SparkSession, settings: Settings, name: str, rows: DataFrame) -> int:
-    """Insert `rows` into the chain table `name` (CHAIN_TABLES) as the night does: insert-only, so a key the table
-    holds keeps its row and a rerun adds nothing. Returns the rows inserted."""
-    if name == "step_scores":
-        return scores_table.write(spark, settings, rows)
-    if name == "chain_scores":
-        return aggregate.write(spark, settings, rows)
-    if name == "quarantine":
-        return tables.append_quarantine(spark, settings, rows)
-    schema, keys = KEYED[name]
-    return tables.insert_new(spark, rows, settings.table(name), schema, keys)
-
-
-# -- the stage functions: the defaults of Transforms ---------------------------------------------------------
+# -- the stage functions: looked up when a stage runs, so tests patch them (tests/jobs/pipeline_fakes.py) ---
 def _steps(chains: DataFrame, settings: Settings, hold: tables.Held) -> tuple[DataFrame, DataFrame, DataFrame]:
     # The three outputs share one spaCy pass, which `hold` keeps until the batch is written.
     s = settings
@@ -97,23 +67,11 @@ def _aggregate(step_scores: DataFrame, settings: Settings) -> DataFrame:
     return aggregate.transform(step_scores, settings.aggregate)
 
 
-@dataclass(frozen=True)
-class Transforms:
-    """The pure transforms the stages call, given to `run` and `main` as `transforms` (tests pass fakes there).
-    None: the project's own (score.py's for NLI/PVI)."""
-
-    steps: StepsFn = _steps
-    nli: ScoreFn | None = None
-    pvi: ScoreFn | None = None
-    aggregate: AggregateFn = _aggregate
-
-
 @dataclass
 class Context:
     spark: SparkSession
     settings: Settings
     run_id: str
-    transforms: Transforms
     config_hash: str = ""
 
     def __post_init__(self) -> None:
@@ -134,16 +92,16 @@ def _steps_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
     chains = ctx.read("chains", C.SCHEMA).join(ids, C.CHAIN_ID, "left_semi")
     # The batch's frames are released when it is committed (or fails): nothing piles up over a night.
     with tables.Held() as hold:
-        steps, contexts, bad = ctx.transforms.steps(chains, ctx.settings, hold)
+        steps, contexts, bad = _steps(chains, ctx.settings, hold)
         return _write_steps(ctx, steps, contexts, bad)
 
 
 def _write_steps(ctx: Context, steps: DataFrame, contexts: DataFrame, bad: DataFrame) -> dict[str, int]:
     return {
-        "steps": insert(ctx.spark, ctx.settings, "steps", steps),
+        "steps": chain_tables.insert(ctx.spark, ctx.settings, "steps", steps),
         "quarantined": _quarantine(ctx, bad),
         # Written last: a context row marks the chain as done with this stage.
-        "contexts": insert(ctx.spark, ctx.settings, "contexts", contexts),
+        "contexts": chain_tables.insert(ctx.spark, ctx.settings, "contexts", contexts),
     }
 
 
@@ -151,21 +109,19 @@ def _quarantine(ctx: Context, rows: DataFrame) -> int:
     # An empty MERGE still costs several Spark jobs per batch; most batches quarantine nothing.
     if rows.limit(1).count() == 0:
         return 0
-    return insert(ctx.spark, ctx.settings, "quarantine", rows.withColumn(Q.RUN_ID, F.lit(ctx.run_id)))
+    return chain_tables.insert(ctx.spark, ctx.settings, "quarantine", rows.withColumn(Q.RUN_ID, F.lit(ctx.run_id)))
 
 
 def _scores_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
     steps = ctx.hashed("steps", ST.SCHEMA).join(ids, ST.CHAIN_ID, "left_semi")
     contexts = ctx.hashed("contexts", ST.CONTEXTS_SCHEMA).join(ids, ST.CHAIN_ID, "left_semi")
-    return score.run(
-        ctx.spark, ctx.settings, steps, contexts, ctx.run_id, nli=ctx.transforms.nli, pvi=ctx.transforms.pvi
-    )
+    return score.run(ctx.spark, ctx.settings, steps, contexts, ctx.run_id)
 
 
 def _aggregate_stage(ctx: Context, ids: DataFrame) -> dict[str, int]:
     step_scores = ctx.hashed("step_scores", SS.SCHEMA).join(ids, SS.CHAIN_ID, "left_semi")
-    chain_scores = ctx.transforms.aggregate(step_scores, ctx.settings)
-    return {"chain_scores": insert(ctx.spark, ctx.settings, "chain_scores", chain_scores)}
+    chain_scores = _aggregate(step_scores, ctx.settings)
+    return {"chain_scores": chain_tables.insert(ctx.spark, ctx.settings, "chain_scores", chain_scores)}
 
 
 @dataclass(frozen=True)
@@ -323,17 +279,12 @@ def rescore(ctx: Context) -> dict[str, int]:
     return deleted
 
 
-def run(
-    spark: SparkSession,
-    settings: Settings,
-    tracked: JobRun,
-    transforms: Transforms | None = None,
-) -> Summary:
+def run(spark: SparkSession, settings: Settings, tracked: JobRun) -> Summary:
     """Run the configured stages on what is new; returns the summary (also logged to `tracked`)."""
     from jobs.infra.logs import setup_logging
 
     setup_logging(settings.log.level)
-    ctx = Context(spark, settings, tracked.local_id, transforms or Transforms())
+    ctx = Context(spark, settings, tracked.local_id)
     # Every Delta commit of this run carries its id: `python -m jobs.infra.maintain restore --run ID` finds the
     # versions before a bad night from the tables' own history.
     with session_confs(spark, {RUN_METADATA: ctx.run_id}):
@@ -413,8 +364,8 @@ def _curate(ctx: Context, report: StageReport, summary: Summary) -> None:
     )
 
 
-def _body(job: Job, transforms: Transforms | None = None) -> Summary:
-    summary = run(job.spark, job.settings, job.tracked, transforms)
+def _body(job: Job) -> Summary:
+    summary = run(job.spark, job.settings, job.tracked)
     summary.mlflow_run_id = job.tracked.run_id
     print_summary(summary, job.settings)
     return summary
@@ -422,17 +373,14 @@ def _body(job: Job, transforms: Transforms | None = None) -> Summary:
 
 STAGE = Stage(
     "pipeline", __doc__, _body, section="pipeline", parts=PARTS,
-    check=lambda settings, args: prepare(settings, None),
+    check=lambda settings, args: prepare(settings),
     plan=lambda spark, settings, args: plan_lines(spark, settings),
 )
 
 
-def main(argv: list[str] | None = None, transforms: Transforms | None = None) -> Summary:
-    """The nightly job; `transforms` (tests) stand in for the models, whose check is then skipped."""
-    if transforms is None:
-        return STAGE.main(argv)
-    return replace(STAGE, body=lambda job: _body(job, transforms),
-                   check=lambda settings, args: prepare(settings, transforms)).main(argv)
+def main(argv: list[str] | None = None) -> Summary:
+    """The nightly job."""
+    return STAGE.main(argv)
 
 
 def _new_chains(spark: SparkSession, settings: Settings) -> int:
@@ -449,7 +397,7 @@ def plan_lines(spark: SparkSession, settings: Settings) -> list[str]:
     Reads Delta logs, counts rows and validates the input files; writes nothing and starts no MLflow run.
     A stage's count is what waits for it now plus what the stages before it would hand on tonight.
     """
-    ctx = Context(spark, settings, "dry-run", Transforms())
+    ctx = Context(spark, settings, "dry-run")
     wanted = settings.pipeline.stages
     lines = []
     if settings.pipeline.rescore:
@@ -483,13 +431,11 @@ def plan_lines(spark: SparkSession, settings: Settings) -> list[str]:
     return lines
 
 
-def prepare(settings: Settings, transforms: Transforms | None) -> None:
+def prepare(settings: Settings) -> None:
     """Before the session starts: the tokenizers' own threads off (the executors' worker processes inherit
     the variable), and a configured model that is missing fails with a clear message before any table is
-    touched (skipped when `transforms` stand in for the models)."""
+    touched (the fakes of tests/jobs/pipeline_fakes.py patch these checks away with the models)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if transforms is not None:
-        return
     from jobs.receval import nli_scores, pvi_scores
 
     # The PVI job's own check first: an untrained g / g' under the paper profile is named before anything else.

@@ -2,19 +2,24 @@
 
 Scores are plain functions of the step text and position, so two runs over the same chains give the same
 rows whatever the batching. Each fake records the chain ids it was given, so tests see which chains a run
-actually scored.
+actually scored. `with fakes.installed(): pipeline.run(...)` (or `.main`) patches the functions the night
+looks up when it runs, and the model check the fakes stand in for, back as they were after the block.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from typing import Any
+from unittest import mock
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from jobs.infra import tables
 from jobs.infra.config import Settings
-from jobs.receval.pipeline import Transforms
+from jobs.receval import nli_scores, pipeline, pvi_scores, score
 from schemas import chains as C
 from schemas import step_scores as SS
 from schemas import steps as ST
@@ -96,8 +101,29 @@ class Fakes:
             (-idx + 0.5).alias(SS.IG_L),
         )
 
-    def transforms(self) -> Transforms:
-        return Transforms(steps=self.steps, nli=self.nli, pvi=self.pvi)
+    def patches(self) -> dict[tuple[Any, str], Any]:
+        """(module, name) -> stand-in. The scores stage keeps its real score_steps (joins, errors, quarantine)
+        and gets these NLI and PVI transforms as arguments, as score.run's callers pass them: the rows then name
+        the configured models, where score._nli / _pvi patched would name and fingerprint the real ones."""
+        real_score_steps = score.score_steps
+
+        def score_steps(steps: DataFrame, contexts: DataFrame, settings: Settings, *_: Any) -> DataFrame:
+            return real_score_steps(steps, contexts, settings, self.nli, self.pvi)
+
+        return {
+            (pipeline, "_steps"): self.steps,
+            (score, "score_steps"): score_steps,
+            # No model to check: the fakes stand in for them (pipeline.prepare, before the session starts).
+            (nli_scores, "check_models"): lambda settings: None,
+            (pvi_scores, "check_models"): lambda settings: None,
+        }
+
+    @contextmanager
+    def installed(self) -> Iterator[Fakes]:
+        with ExitStack() as stack:
+            for (module, name), fake in self.patches().items():
+                stack.enter_context(mock.patch.object(module, name, fake))
+            yield self
 
 
 if __name__ == "__main__":
@@ -106,7 +132,6 @@ if __name__ == "__main__":
     import sys
     from pathlib import Path
 
-    from jobs.receval import pipeline
-
     assert Path(pipeline.__file__).resolve().is_relative_to(Path(__file__).resolve().parents[2]), pipeline.__file__
-    pipeline.main(sys.argv[1:], transforms=Fakes().transforms())
+    with Fakes().installed():
+        pipeline.main(sys.argv[1:])

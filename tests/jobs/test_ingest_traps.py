@@ -210,7 +210,7 @@ def scenario(spark, tmp_path_factory) -> Scenario:
     settings = folder_settings(root / "b", f"ingest.input={mixed}", *INGEST_ONLY, *FIXED)
     # The pipeline's ingest stage alone (its skip logic and bookkeeping; the whole night adds table counts).
     night = StageReport("ingest")
-    pipeline._ingest(pipeline.Context(spark, settings, "night-1", pipeline.Transforms()), night)
+    pipeline._ingest(pipeline.Context(spark, settings, "night-1"), night)
     return Scenario(exit_code, standalone, _mlflow_runs(standalone), night, "night-1", settings)
 
 
@@ -235,7 +235,7 @@ def test_all_quarantined_ingest_fails_the_nightly_pipeline_too(spark, make_setti
     settings = make_settings(f"ingest.input={SAMPLE_LAKE}", *INGEST_ONLY)
     with pytest.raises(ingest.QuarantineLimitError, match="8 of 8 rows read.*missing_context=8"):
         with job_run(settings, "pipeline") as tracked:
-            pipeline.run(spark, settings, tracked, pipeline.Transforms())
+            pipeline.run(spark, settings, tracked)
     assert _mlflow_runs(settings) == [("ingest", "FAILED"), ("pipeline", "FAILED")]
     assert tracked.children[0].metrics["rows_quarantined"] == 8
     assert tracked.children[0].metrics["quarantined_missing_context"] == 8

@@ -99,7 +99,8 @@ def night(spark, tmp_path_factory) -> list[str]:
     settings = load_settings(overrides=overrides, environ={})
 
     def run() -> None:
-        pipeline.run(spark, settings, JobRun("pipeline", settings), Fakes().transforms())
+        with Fakes().installed():
+            pipeline.run(spark, settings, JobRun("pipeline", settings))
 
     twice(spark, run, "pipeline")
     return overrides

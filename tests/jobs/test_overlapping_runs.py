@@ -264,8 +264,8 @@ def test_killed_nights_claim_is_taken_over_by_the_next_night(spark, tmp_path):
 
     out = io.StringIO()
     argv = _argv(lake, lake_input, tmp_path / "next" / "mlruns.db", "pipeline.batch_chains=12")
-    with contextlib.redirect_stderr(out), contextlib.redirect_stdout(out):
-        summary = pipeline.main(argv, transforms=Fakes().transforms())
+    with contextlib.redirect_stderr(out), contextlib.redirect_stdout(out), Fakes().installed():
+        summary = pipeline.main(argv)
     print(f"\n[overlap] killed night + the night that took over: {time.monotonic() - started:.0f} s")
     text = out.getvalue()
     reason = f"its process (pid {night.pid}) is gone on this host"

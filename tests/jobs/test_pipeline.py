@@ -48,7 +48,8 @@ def _settings(make_settings, lake_input: Path, *extra: str):
 
 
 def _run(spark, settings, fakes: Fakes) -> night_summary.Summary:
-    return pipeline.run(spark, settings, JobRun("pipeline", settings), fakes.transforms())
+    with fakes.installed():
+        return pipeline.run(spark, settings, JobRun("pipeline", settings))
 
 
 def _stable(spark, settings, name: str):
@@ -95,8 +96,8 @@ def clean_run(spark, tmp_path_factory) -> CleanRun:
     # The nightly report too (its MLflow artifact is checked below); the copies' reruns skip it.
     argv += ["--set=pipeline.stages=[ingest,steps,scores,aggregate,curate,report]", "--set=pipeline.report_worst_n=2"]
     # Jobs log to the standard error as it is at each record (jobs.infra.logs).
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        summary = pipeline.main(argv, transforms=fakes.transforms())
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), fakes.installed():
+        summary = pipeline.main(argv)
     return CleanRun(root / "input", root / "lake", summary, fakes, out.getvalue(), settings)
 
 
@@ -237,8 +238,8 @@ def test_main_dry_run_counts_per_stage_and_changes_nothing(spark, clean_run, tmp
     before = _state(spark, settings)
     argv = [f"--set=paths.lake={settings.paths.lake}", f"--set=ingest.input={tmp_path / 'input'}",
             f"--set=mlflow.tracking_uri=sqlite:///{tmp_path}/dry.db", "--set=pipeline.batch_chains=12", "--dry-run"]
-    with pytest.raises(SystemExit) as stop:
-        pipeline.main(argv, transforms=Fakes().transforms())
+    with pytest.raises(SystemExit) as stop, Fakes().installed():
+        pipeline.main(argv)
     assert stop.value.code == 0
     assert _state(spark, settings) == before  # no table has a new version
     assert not (tmp_path / "dry.db").exists()  # no MLflow run either

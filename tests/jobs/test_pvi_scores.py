@@ -386,7 +386,7 @@ def test_paper_profile_refuses_missing_or_untrained_pvi_models_before_any_table(
     assert (paper.models.pvi_g.path, paper.models.pvi_null.path) == ("models/pvi/g", "models/pvi/g_null")
     assert paper.train_pvi.base_model == "t5-large"  # the command in the message trains the paper's model
     missing = make_settings("models.profile=paper", f"models.pvi_g.path={tmp_path}/no-g")
-    for check in (lambda: P.run(spark, missing), lambda: pipeline.prepare(missing, None)):
+    for check in (lambda: P.run(spark, missing), lambda: pipeline.prepare(missing)):
         with pytest.raises(ModelUnavailable) as err:
             check()
         message = str(err.value)
