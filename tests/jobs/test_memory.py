@@ -106,7 +106,7 @@ def night(spark, tmp_path_factory) -> list[str]:
     return overrides
 
 
-@pytest.mark.slow  # twelve job runs over a shared lake of two pipeline runs: minutes on 2 cores
+@pytest.mark.slow  # six job runs over a shared lake of two pipeline runs: minutes on 2 cores
 def test_jobs_in_one_session_release_what_they_hold(spark, night, tmp_path):
     # The lake is shared with the next test: these jobs only add tables of their own (select, meta_eval, export).
     from jobs.metaeval import meta_eval
