@@ -133,7 +133,10 @@ def test_ablation_variants_are_valid_overrides_and_start_with_the_defaults():
         assert len(set(hashes)) == len(hashes), name  # every variant scores differently
 
 
-@pytest.mark.slow
+# Manual: 84-123 s of CI's slow set. In CI: the ablation perturbs once and reads each variant's own rows
+# (test_run_ablation_perturbs_once_and_reads_each_variants_own_rows, with the scoring stubbed), its variants are
+# valid overrides, and the EB challenge end to end with the tiny models (test_eb_challenge.py).
+@pytest.mark.manual
 @pytest.mark.dataset("entailment_bank")
 def test_boundary_ablation_end_to_end_tiny(spark, make_settings, tiny_models, tmp_path):
     """One command: 4 trees per type perturbed once, scored under both boundary variants with the tiny models;
